@@ -1,0 +1,48 @@
+"""The vectorized rejection sampler: exact speculative acceptance for every row of a batch at once.
+
+For draft tokens ``d_1..d_γ`` drawn from draft distributions ``q_0..q_{γ-1}`` and target distributions
+``p_0..p_γ`` (both already warped by the same temperature/top-k/top-p):
+
+  * draft token ``d_{i+1}`` is accepted with probability ``min(1, p_i(d) / q_i(d))``; ``n`` = leading accepts;
+  * if ``n < γ`` the next token is drawn from ``normalize(max(0, p_n - q_n))``;
+  * if ``n == γ`` (all accepted) a bonus token is drawn from ``p_γ``.
+
+With one-hot (greedy) distributions this is exactly greedy verification. With ``γ = 0`` it is plain sampling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.sampling import sample
+
+
+@dataclasses.dataclass(frozen=True)
+class RejectionSampler:
+    """Acceptance rule as a static strategy (hashable, so it can be part of a compiled loop's key)."""
+
+    def residual(self, p: jax.Array, q: jax.Array) -> jax.Array:
+        """Unnormalized distribution of the correction token given target ``p`` and draft ``q`` (``[V]``)."""
+        return jnp.maximum(p - q, 0.0)
+
+    def accept_row(self, key, draft_tokens, q, p):
+        """One row: ``draft_tokens [γ]``, ``q [γ, V]``, ``p [γ+1, V]`` -> (accepted count, next token)."""
+        gamma = draft_tokens.shape[0]
+        key_u, key_c = jax.random.split(key)
+        u = jax.random.uniform(key_u, (gamma,), jnp.float32)
+        p_tok = jnp.take_along_axis(p[:gamma], draft_tokens[:, None], axis=-1)[:, 0]
+        q_tok = jnp.take_along_axis(q, draft_tokens[:, None], axis=-1)[:, 0]
+        accepted = u * q_tok < p_tok  # u < p/q without dividing; q_tok > 0 for a sampled token
+        n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)), dtype=jnp.int32)
+        q_next = jnp.concatenate([q, jnp.zeros_like(p[:1])], axis=0)[n]  # zero q after the last draft: bonus
+        p_next = p[n]
+        resid = self.residual(p_next, q_next)
+        dist = jnp.where(jnp.sum(resid) > 0, resid, p_next)
+        return n, sample(key_c, dist)
+
+    def __call__(self, keys, draft_tokens, q, p):
+        """Batched: ``keys [B]``, ``draft_tokens [B, γ]``, ``q [B, γ, V]``, ``p [B, γ+1, V]`` -> ``n [B], next [B]``."""
+        return jax.vmap(self.accept_row)(keys, draft_tokens, q, p)

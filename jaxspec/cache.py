@@ -1,0 +1,46 @@
+"""Padded, preallocated KV cache with writes at per-row positions.
+
+Slot ``s`` of row ``b`` holds the keys/values of the token at position ``s``. A query at position ``p`` sees
+slots ``<= p``. Writes past the end of the cache are dropped (never clamped onto the last slot), so a row near
+the end of its cache cannot corrupt earlier entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Keys and values for all layers: ``k, v: [layers, batch, length, kv_heads, head_dim]``."""
+
+    k: jax.Array
+    v: jax.Array
+
+    @classmethod
+    def zeros(cls, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> "KVCache":
+        shape = (num_layers, batch, length, kv_heads, head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.size * self.k.dtype.itemsize
+
+
+def write(layer_cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+    """Write ``new [B, T, H, D]`` into ``layer_cache [B, S, H, D]`` at ``positions [B, T]``; out-of-range drops."""
+    rows = jnp.arange(new.shape[0])[:, None]
+    return layer_cache.at[rows, positions].set(new.astype(layer_cache.dtype), mode="drop")
+
+
+def causal_mask(positions: jax.Array, length: int) -> jax.Array:
+    """``[B, T, S]`` bool: query at ``positions[b, t]`` may attend slot ``s`` iff ``s <= positions[b, t]``."""
+    return jnp.arange(length, dtype=positions.dtype)[None, None, :] <= positions[:, :, None]

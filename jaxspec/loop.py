@@ -1,0 +1,246 @@
+"""Prefill and speculative rounds inside one jit-compiled ``lax.while_loop``; plain decoding is ``gamma = 0``.
+
+Invariants per row (``L = length``, the number of tokens in ``tokens[b]``, prompt included):
+  * the target cache holds valid keys/values for positions ``0 .. L-2``; token ``L-1`` is fed by the next
+    verify pass (the last prompt token is re-fed after prefill, which rewrites identical values);
+  * the draft cache holds valid entries for ``0 .. L-3`` at least; each round's first draft step feeds the
+    two newest tokens ``(L-2, L-1)``, so the draft catches up after a rejection *and* after a bonus token;
+  * slots ``>= L`` may hold stale data; attention masks them and the next writes overwrite them.
+
+A round: γ draft steps -> one target pass over ``[last, d_1..d_γ]`` -> rejection sampler -> emit the
+accepted drafts plus one corrected/bonus token, truncated at EOS, ``max_new_tokens`` and the cache end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.acceptance import RejectionSampler
+from jaxspec.sampling import SamplingParams, sample, warp
+
+# finish reasons, as stored on device
+RUNNING, FINISH_EOS, FINISH_LENGTH, FINISH_CACHE, FINISH_PADDING = 0, 1, 2, 3, 4
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+    """Everything static about a compiled loop (hashable): functions, γ, cache length, acceptance rule."""
+
+    target_apply: Callable
+    target_init_cache: Callable
+    draft_apply: Callable | None
+    draft_init_cache: Callable | None
+    gamma: int  # 0 = plain autoregressive decoding
+    cache_len: int
+    acceptance: RejectionSampler = RejectionSampler()
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LoopInputs:
+    prompt: jax.Array  # [B, T] int32, right-padded
+    prompt_len: jax.Array  # [B] int32
+    max_new: jax.Array  # [B] int32
+    active: jax.Array  # [B] bool (False for batch padding)
+    seeds: jax.Array  # [B] uint32
+    row_ids: jax.Array  # [B] uint32
+    eos: jax.Array  # [E] int32, -1 = unused slot
+    sampling: SamplingParams
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class State:
+    tokens: jax.Array  # [B, S] prompt + generated
+    logprobs: jax.Array  # [B, S] target log-prob of each generated token (0 elsewhere)
+    length: jax.Array  # [B]
+    prompt_len: jax.Array  # [B]
+    max_new: jax.Array  # [B]
+    done: jax.Array  # [B] bool
+    finish: jax.Array  # [B] int32 finish reason
+    row_keys: jax.Array  # [B] typed PRNG keys
+    eos: jax.Array
+    sampling: SamplingParams
+    rounds: jax.Array  # [B] target verify passes
+    drafted: jax.Array  # [B]
+    accepted: jax.Array  # [B]
+    accept_hist: jax.Array  # [B, γ+1] rounds by number of accepted drafts
+    bad_target: jax.Array  # [B] bool: non-finite target logits were used
+    bad_draft: jax.Array  # [B] bool
+    target_cache: Any
+    draft_cache: Any
+
+
+def _bad_logits(logits: jax.Array) -> jax.Array:
+    """NaN or +inf anywhere, or no finite logit at all (reduces the last axis)."""
+    return jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) | jnp.all(logits == -jnp.inf, axis=-1)
+
+
+def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
+    batch, plen = inputs.prompt.shape
+    positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (batch, plen))
+    _, target_cache = spec.target_apply(
+        target_params, inputs.prompt, positions, spec.target_init_cache(batch, spec.cache_len)
+    )
+    draft_cache = None
+    if spec.draft_apply is not None:
+        _, draft_cache = spec.draft_apply(
+            draft_params, inputs.prompt, positions, spec.draft_init_cache(batch, spec.cache_len)
+        )
+    tokens = jnp.zeros((batch, spec.cache_len), jnp.int32).at[:, :plen].set(inputs.prompt)
+    row_keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(inputs.seeds, inputs.row_ids)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return State(
+        tokens=tokens,
+        logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
+        length=inputs.prompt_len,
+        prompt_len=inputs.prompt_len,
+        max_new=inputs.max_new,
+        done=~inputs.active,
+        finish=jnp.where(inputs.active, RUNNING, FINISH_PADDING).astype(jnp.int32),
+        row_keys=row_keys,
+        eos=inputs.eos,
+        sampling=inputs.sampling,
+        rounds=zeros,
+        drafted=zeros,
+        accepted=zeros,
+        accept_hist=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
+        bad_target=jnp.zeros((batch,), bool),
+        bad_draft=jnp.zeros((batch,), bool),
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+    )
+
+
+def _draft(spec: LoopSpec, draft_params, state: State, keys: jax.Array):
+    """γ draft steps. ``keys [B, γ]`` -> (drafts [B, γ], q [B, γ, V], draft cache, bad [B])."""
+    rows = jnp.arange(state.tokens.shape[0])
+    pos_last = state.length - 1
+    pos_prev = jnp.maximum(state.length - 2, 0)
+    toks = jnp.stack([state.tokens[rows, pos_prev], state.tokens[rows, pos_last]], axis=1)
+    logits, cache = spec.draft_apply(draft_params, toks, jnp.stack([pos_prev, pos_last], axis=1), state.draft_cache)
+    q0 = warp(logits[:, -1], state.sampling)
+    d1 = jax.vmap(sample)(keys[:, 0], q0)
+    bad = _bad_logits(logits[:, -1])
+
+    def step(carry, xs):
+        cache, tok, bad = carry
+        key, offset = xs
+        logits, cache = spec.draft_apply(draft_params, tok[:, None], (pos_last + offset)[:, None], cache)
+        q = warp(logits[:, 0], state.sampling)
+        nxt = jax.vmap(sample)(key, q)
+        return (cache, nxt, bad | _bad_logits(logits[:, 0])), (nxt, q)
+
+    (cache, _, bad), (rest, q_rest) = jax.lax.scan(
+        step, (cache, d1, bad), (keys[:, 1:].T, jnp.arange(1, spec.gamma, dtype=jnp.int32))
+    )
+    drafts = jnp.concatenate([d1[:, None], rest.T], axis=1)
+    q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)
+    return drafts, q, cache, bad
+
+
+def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> State:
+    gamma, size = spec.gamma, spec.cache_len
+    batch = state.tokens.shape[0]
+    rows = jnp.arange(batch)
+    active = ~state.done
+    pos_last = state.length - 1
+    last = state.tokens[rows, pos_last]
+
+    round_keys = jax.vmap(lambda k, r: jax.random.split(jax.random.fold_in(k, r), gamma + 1))(
+        state.row_keys, state.rounds
+    )
+    if gamma > 0:
+        drafts, q, draft_cache, bad_draft = _draft(spec, draft_params, state, round_keys[:, :gamma])
+    else:
+        drafts, q = jnp.zeros((batch, 0), jnp.int32), None
+        draft_cache, bad_draft = state.draft_cache, jnp.zeros((batch,), bool)
+
+    verify_tokens = jnp.concatenate([last[:, None], drafts], axis=1)
+    offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
+    logits, target_cache = spec.target_apply(
+        target_params, verify_tokens, pos_last[:, None] + offsets[None], state.target_cache
+    )
+    logits = logits.astype(jnp.float32)
+    p = warp(logits, state.sampling)
+    if q is None:  # plain decoding: the sampler with no drafts draws from p_0
+        q = jnp.zeros((batch, 0, p.shape[-1]), jnp.float32)
+    n, nxt = spec.acceptance(round_keys[:, gamma], drafts, q, p)
+
+    # Emitted tokens: d_1..d_n then the correction/bonus token.
+    cand = jnp.where(offsets[None] < n[:, None], jnp.concatenate([drafts, nxt[:, None]], axis=1), nxt[:, None])
+    count = n + 1
+    is_eos = jnp.any(cand[:, :, None] == state.eos[None, None, :], axis=-1) & (offsets[None] < count[:, None])
+    has_eos = jnp.any(is_eos, axis=1)
+    count = jnp.where(has_eos, jnp.argmax(is_eos, axis=1) + 1, count)
+    room_new = state.max_new - (state.length - state.prompt_len)
+    room_cache = size - state.length
+    count = jnp.where(active, jnp.minimum(count, jnp.minimum(room_new, room_cache)), 0)
+    eos_hit = has_eos & (jnp.argmax(is_eos, axis=1) < count)
+
+    write_pos = jnp.where(offsets[None] < count[:, None], state.length[:, None] + offsets[None], size)
+    tokens = state.tokens.at[rows[:, None], write_pos].set(cand, mode="drop")
+    token_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), cand[:, :, None], axis=-1)[..., 0]
+    logprobs = state.logprobs.at[rows[:, None], write_pos].set(token_logprobs, mode="drop")
+    length = state.length + count
+
+    finish = jnp.where(
+        ~active,
+        state.finish,
+        jnp.where(
+            eos_hit,
+            FINISH_EOS,
+            jnp.where(length - state.prompt_len >= state.max_new, FINISH_LENGTH, jnp.where(length >= size, FINISH_CACHE, RUNNING)),
+        ),
+    )
+    used = offsets[None] <= n[:, None]  # target positions that decided something this round
+    bad_target = state.bad_target | (active & jnp.any(_bad_logits(logits) & used, axis=1))
+    active_i = active.astype(jnp.int32)
+    return dataclasses.replace(
+        state,
+        tokens=tokens,
+        logprobs=logprobs,
+        length=length,
+        done=finish != RUNNING,
+        finish=finish,
+        rounds=state.rounds + active_i,
+        drafted=state.drafted + gamma * active_i,
+        accepted=state.accepted + n * active_i,
+        accept_hist=state.accept_hist + active_i[:, None] * jax.nn.one_hot(n, gamma + 1, dtype=jnp.int32),
+        bad_target=bad_target,
+        bad_draft=state.bad_draft | (active & bad_draft),
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+    )
+
+
+def run(spec: LoopSpec, target_params, draft_params, state: State, max_rounds) -> State:
+    """Run rounds until every row is done or ``max_rounds`` rounds have run."""
+
+    def cond(carry):
+        i, s = carry
+        return jnp.any(~s.done) & (i < max_rounds)
+
+    def body(carry):
+        i, s = carry
+        return i + 1, round_step(spec, target_params, draft_params, s)
+
+    _, state = jax.lax.while_loop(cond, body, (jnp.int32(0), state))
+    return state
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def generate_program(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
+    """The whole generation in one compiled program; caches are not returned."""
+    state = prefill(spec, target_params, draft_params, inputs)
+    state = run(spec, target_params, draft_params, state, jnp.iinfo(jnp.int32).max)
+    return dataclasses.replace(state, target_cache=None, draft_cache=None)
+
+
+prefill_program = jax.jit(prefill, static_argnums=0)
+rounds_program = jax.jit(run, static_argnums=0, donate_argnums=3)

@@ -1,0 +1,1 @@
+"""Built-in model families; each module exposes a config dataclass and ``init`` / ``from_params``."""

@@ -1,0 +1,202 @@
+"""Llama-family decoder in Flax: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Layers are stacked with ``nn.scan`` so compile time does not grow with depth; every layer weight carries a
+leading ``[layers]`` axis and the KV cache is one ``KVCache`` with ``[layers, B, S, kv_heads, head_dim]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxspec.cache import KVCache, causal_mask, write
+from jaxspec.model import CausalLM
+from jaxspec.models.rope import apply_rope, inverse_frequencies
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    dtype: str = "float32"  # weights, activations and cache; logits are always float32
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y.astype(self.dtype) * scale).astype(self.dtype)
+
+
+def _dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None) -> nn.Dense:
+    return nn.Dense(
+        features,
+        use_bias=False,
+        dtype=cfg.jnp_dtype,
+        param_dtype=cfg.jnp_dtype,
+        kernel_init=nn.initializers.normal(cfg.init_std if std is None else std),
+        name=name,
+    )
+
+
+class Attention(nn.Module):
+    cfg: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x, positions, k_cache, v_cache):
+        cfg = self.cfg
+        batch, length, _ = x.shape
+        h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q = _dense(h * d, "q_proj", cfg)(x).reshape(batch, length, h, d)
+        k = _dense(kvh * d, "k_proj", cfg)(x).reshape(batch, length, kvh, d)
+        v = _dense(kvh * d, "v_proj", cfg)(x).reshape(batch, length, kvh, d)
+        inv_freq = inverse_frequencies(d, cfg.rope_theta)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        k_cache, v_cache = write(k_cache, k, positions), write(v_cache, v, positions)
+
+        q = q.reshape(batch, length, kvh, h // kvh, d)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32) * d**-0.5
+        mask = causal_mask(positions, k_cache.shape[1])[:, None, None]
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache).reshape(batch, length, h * d)
+        return _dense(cfg.hidden_size, "o_proj", cfg)(out), k_cache, v_cache
+
+
+class MLP(nn.Module):
+    cfg: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.cfg
+        gate = _dense(cfg.intermediate_size, "gate_proj", cfg)(x)
+        up = _dense(cfg.intermediate_size, "up_proj", cfg)(x)
+        return _dense(cfg.hidden_size, "down_proj", cfg)(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    cfg: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x, kv, positions):
+        cfg = self.cfg
+        k_cache, v_cache = kv
+        attn, k_cache, v_cache = Attention(cfg, name="attn")(
+            RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="input_norm")(x), positions, k_cache, v_cache
+        )
+        x = x + attn
+        x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="post_attn_norm")(x))
+        return x, (k_cache, v_cache)
+
+
+class Llama(nn.Module):
+    cfg: LlamaConfig
+
+    @nn.compact
+    def __call__(self, tokens, positions, cache: KVCache):
+        cfg = self.cfg
+        embed = nn.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=cfg.jnp_dtype,
+            param_dtype=cfg.jnp_dtype,
+            embedding_init=nn.initializers.normal(cfg.init_std),
+            name="embed",
+        )
+        x = embed(tokens)
+        layers = nn.scan(
+            DecoderLayer,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast),
+            out_axes=0,
+            length=cfg.num_layers,
+        )(cfg, name="layers")
+        x, (k, v) = layers(x, (cache.k, cache.v), positions)
+        x = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="final_norm")(x)
+        if cfg.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = _dense(cfg.vocab_size, "lm_head", cfg)(x)
+        return logits.astype(jnp.float32), KVCache(k, v)
+
+
+@functools.lru_cache(maxsize=None)
+def model_fns(cfg: LlamaConfig):
+    """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared."""
+    module = Llama(cfg)
+
+    def apply_fn(params, tokens, positions, cache):
+        return module.apply({"params": params}, tokens, positions, cache)
+
+    def init_cache(batch_size: int, max_length: int) -> KVCache:
+        return KVCache.zeros(
+            cfg.num_layers, batch_size, max_length, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype
+        )
+
+    return apply_fn, init_cache
+
+
+def init_params(cfg: LlamaConfig, seed: int = 0):
+    """Random parameters (normal(init_std) weights, unit norms)."""
+    apply_fn, init_cache = model_fns(cfg)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    variables = jax.jit(Llama(cfg).init)(jax.random.key(seed), tokens, tokens, init_cache(1, 1))
+    return variables["params"]
+
+
+def from_params(cfg: LlamaConfig, params, *, tokenizer=None, eos_token_id=None, name="llama") -> CausalLM:
+    apply_fn, init_cache = model_fns(cfg)
+    return CausalLM(
+        apply_fn=apply_fn,
+        params=params,
+        init_cache=init_cache,
+        vocab_size=cfg.vocab_size,
+        tokenizer=tokenizer,
+        config=cfg,
+        eos_token_id=eos_token_id,
+        name=name,
+    )
+
+
+def init(cfg: LlamaConfig, seed: int = 0, **kwargs) -> CausalLM:
+    """A randomly initialized Llama ``CausalLM``."""
+    return from_params(cfg, init_params(cfg, seed), **kwargs)
