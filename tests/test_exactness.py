@@ -1,0 +1,390 @@
+"""Statistical exactness of speculative sampling.
+
+Speculative decoding must return *exactly* the distribution of plain sampling from the warped target. With a
+5-token vocabulary the joint distribution of 3 generated tokens has 125 cells, so it can be enumerated exactly:
+
+    P(x1, x2, x3) = prod_i warped_target(x_i | prompt, x_<i)
+
+from the target's full-sequence logits (no cache) and a NumPy reimplementation of the warping rule documented
+in ``jaxspec/sampling.py`` (nothing in ``jaxspec.sampling`` is used to build expected values). We then draw
+20 000 sequences in one batched ``generate`` call and run a chi-square goodness-of-fit test.
+
+The models are random but deliberately peaked (``init_std=0.3`` instead of 0.02, which would give nearly
+uniform next-token distributions) and the draft is a different, smaller architecture with another seed, so
+draft and target disagree substantially and both acceptances and rejections happen. A negative control with
+a classic bug in the acceptance rule (correcting from the target ``p`` instead of the residual
+``max(0, p - q)``) must be rejected by the very same test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.special
+import scipy.stats
+
+import jaxspec
+from jaxspec import llama
+from jaxspec.acceptance import RejectionSampler
+from jaxspec.sampling import SamplingParams, warp
+
+VOCAB = 5
+NEW_TOKENS = 3
+PROMPT = [1, 3, 0]
+NUM_SAMPLES = 20_000
+ALPHA = 1e-3  # significance level of every goodness-of-fit test
+MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are merged
+BOUNDARY_MARGIN = 1e-4  # top-k / top-p decisions must not sit this close to their thresholds
+
+TARGET_CONFIG = llama.LlamaConfig(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+    init_std=0.3,
+)
+DRAFT_CONFIG = llama.LlamaConfig(
+    vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=2,
+    init_std=0.3,
+)
+
+# name -> (temperature, top_k, top_p)
+SETTINGS = {
+    "temp1": (1.0, None, None),
+    "temp0.6": (0.6, None, None),
+    "topk3": (1.0, 3, None),
+    "topp0.7": (1.0, None, 0.7),
+}
+
+
+# --------------------------------------------------------------------------------------------- reference
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    finite = np.isfinite(x)
+    z = np.where(finite, x - np.max(x[finite]), -np.inf)
+    e = np.where(finite, np.exp(z), 0.0)
+    return e / e.sum()
+
+
+def ref_warp_row(logits, temperature: float, top_k: int | None = None, top_p: float | None = None) -> np.ndarray:
+    """NumPy (float64) warping of one row ``[V]``, written from the documented rule, not from the code."""
+    logits = np.asarray(logits, np.float64)
+    vocab = logits.shape[-1]
+    if temperature == 0:
+        out = np.zeros(vocab)
+        out[np.argmax(logits)] = 1.0
+        return out
+    x = logits / temperature
+    keep = np.ones(vocab, bool)
+    if top_k:  # keep every token whose logit is >= the k-th largest
+        kth = np.sort(x)[::-1][min(top_k, vocab) - 1]
+        keep &= x >= kth
+    if top_p is not None and top_p < 1:
+        probs = _softmax(np.where(keep, x, -np.inf))
+        order = np.argsort(-probs, kind="stable")
+        mass_before = np.cumsum(probs[order]) - probs[order]
+        kept_sorted = (mass_before < top_p) & keep[order]
+        kept_sorted[0] = True
+        last_kept_logit = np.min(x[order][kept_sorted])
+        keep &= x >= last_kept_logit  # ties with the last kept logit are kept
+    return _softmax(np.where(keep, x, -np.inf))
+
+
+def ref_warp(logits, temperature, top_k=None, top_p=None) -> np.ndarray:
+    logits = np.asarray(logits, np.float64)
+    flat = logits.reshape(-1, logits.shape[-1])
+    return np.stack([ref_warp_row(r, temperature, top_k, top_p) for r in flat]).reshape(logits.shape)
+
+
+def boundary_margins(logits, temperature, top_k=None, top_p=None) -> np.ndarray:
+    """Per row of ``logits [..., V]``: smallest distance of a top-k / top-p decision from its threshold.
+
+    Float32 rounding (e.g. the engine's cached forward pass vs. the full-sequence one) must not be able to flip
+    a keep/drop decision, otherwise the reference would not describe what the engine should sample. Exact ties
+    are well defined by the rule (tied tokens are kept together) and are skipped.
+    """
+    rows = np.asarray(logits, np.float64).reshape(-1, np.shape(logits)[-1])
+    margins = np.full(len(rows), np.inf)
+    if temperature == 0:
+        return margins
+    for i, row in enumerate(rows):
+        x = row / temperature
+        keep = np.ones_like(x, bool)
+        if top_k and top_k < len(x):
+            kth = np.sort(x)[::-1][top_k - 1]
+            gaps = np.abs(x - kth)
+            margins[i] = min(margins[i], np.min(gaps[gaps > 0], initial=np.inf))
+            keep = x >= kth
+        if top_p is not None and top_p < 1:
+            probs = _softmax(np.where(keep, x, -np.inf))
+            order = np.argsort(-x[keep], kind="stable")
+            xs, ps = x[keep][order], probs[keep][order]
+            mass_before = np.cumsum(ps) - ps
+            new_value = np.r_[True, xs[1:] < xs[:-1]]  # the first token of each group of tied logits
+            margins[i] = min(margins[i], np.min(np.abs(mass_before[new_value] - top_p)))
+    return margins
+
+
+def boundary_margin(logits, temperature, top_k=None, top_p=None) -> float:
+    return float(np.min(boundary_margins(logits, temperature, top_k, top_p)))
+
+
+def chisquare_merged(observed: np.ndarray, probs: np.ndarray, min_expected: float = MIN_EXPECTED):
+    """Chi-square goodness of fit, merging the smallest cells until every bin expects >= ``min_expected``.
+
+    Cells of probability 0 are excluded (the caller checks that nothing landed in them).
+    Returns ``(p_value, statistic, number_of_bins)``.
+    """
+    observed = np.asarray(observed, np.float64)
+    n = observed.sum()
+    support = probs > 0
+    expected = n * probs[support] / probs[support].sum()
+    observed = observed[support]
+    order = np.argsort(expected, kind="stable")
+    bins_o, bins_e = [], []
+    acc_o = acc_e = 0.0
+    for i in order:  # ascending expected: small cells pool together, large cells stay alone
+        acc_o += observed[i]
+        acc_e += expected[i]
+        if acc_e >= min_expected:
+            bins_o.append(acc_o)
+            bins_e.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e > 0:  # leftover (only possible at the end, i.e. impossible unless everything is tiny)
+        bins_o[-1] += acc_o
+        bins_e[-1] += acc_e
+    assert len(bins_o) >= 2, "too few chi-square bins"
+    stat, p_value = scipy.stats.chisquare(np.asarray(bins_o), np.asarray(bins_e))
+    return float(p_value), float(stat), len(bins_o)
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def target():
+    return llama.init(TARGET_CONFIG, seed=0, name="target")
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return llama.init(DRAFT_CONFIG, seed=1, name="draft")
+
+
+def context_logits(model) -> np.ndarray:
+    """Full-sequence logits (no cache) for every context of the 3 generated tokens: ``[V, V, 3, V]``.
+
+    ``out[a, b, 0]`` is the logit row after the prompt, ``out[a, b, 1]`` after ``prompt + [a]`` and
+    ``out[a, b, 2]`` after ``prompt + [a, b]``.
+    """
+    seqs = np.array([PROMPT + [a, b] for a in range(VOCAB) for b in range(VOCAB)], np.int32)
+    logits = np.asarray(model.logits(seqs), np.float64)  # [V*V, T+2, V]
+    t = len(PROMPT)
+    return logits[:, t - 1 : t + 2].reshape(VOCAB, VOCAB, NEW_TOKENS, VOCAB)
+
+
+@pytest.fixture(scope="module")
+def target_logits(target):
+    return context_logits(target)
+
+
+@pytest.fixture(scope="module")
+def draft_logits(draft):
+    return context_logits(draft)
+
+
+def exact_distribution(ctx_logits: np.ndarray, temperature, top_k=None, top_p=None) -> np.ndarray:
+    """``P[x1, x2, x3]`` flattened to ``[V**3]`` (index ``x1*V*V + x2*V + x3``)."""
+    w = ref_warp(ctx_logits, temperature, top_k, top_p)  # [V, V, 3, V]
+    p1 = w[0, 0, 0]  # [V]          the prompt context does not depend on (a, b)
+    p2 = w[:, 0, 1]  # [V, V]       row a: distribution of x2 after x1 = a
+    p3 = w[:, :, 2]  # [V, V, V]    [a, b]: distribution of x3 after (a, b)
+    joint = p1[:, None, None] * p2[:, :, None] * p3
+    np.testing.assert_allclose(joint.sum(), 1.0, rtol=1e-12)
+    return joint.reshape(-1)
+
+
+def all_context_rows(ctx_logits: np.ndarray) -> np.ndarray:
+    """The 1 + V + V*V distinct logit rows (prompt, prompt+a, prompt+a+b)."""
+    return np.concatenate([ctx_logits[0, 0, 0][None], ctx_logits[:, 0, 1], ctx_logits[:, :, 2].reshape(-1, VOCAB)])
+
+
+def counts_of(tokens: list[list[int]]) -> np.ndarray:
+    arr = np.asarray(tokens, np.int64)
+    assert arr.shape == (NUM_SAMPLES, NEW_TOKENS), f"expected {NEW_TOKENS} tokens per row, got {arr.shape}"
+    assert arr.min() >= 0 and arr.max() < VOCAB
+    idx = arr[:, 0] * VOCAB * VOCAB + arr[:, 1] * VOCAB + arr[:, 2]
+    return np.bincount(idx, minlength=VOCAB**NEW_TOKENS)
+
+
+def run_and_test(target, draft, ctx_logits, *, gamma, temperature, top_k, top_p, seed, acceptance=None):
+    """Sample ``NUM_SAMPLES`` sequences in one call; returns ``(p_value, result, expected_probs, counts)``."""
+    assert boundary_margin(all_context_rows(ctx_logits), temperature, top_k, top_p) > BOUNDARY_MARGIN
+    probs = exact_distribution(ctx_logits, temperature, top_k, top_p)
+    kwargs = {} if acceptance is None else {"acceptance": acceptance}
+    result = jaxspec.generate(
+        target, [PROMPT] * NUM_SAMPLES, draft=draft, gamma=gamma, max_new_tokens=NEW_TOKENS,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **kwargs,
+    )
+    assert set(result.finish_reasons) == {"length"}
+    counts = counts_of(result.tokens)
+    p_value, stat, bins = chisquare_merged(counts, probs)
+    print(
+        f"gamma={gamma} T={temperature} top_k={top_k} top_p={top_p} acceptance={type(acceptance).__name__}: "
+        f"chi2={stat:.1f} bins={bins} p={p_value:.3g} alpha={result.stats.acceptance_rate}"
+    )
+    return p_value, result, probs, counts
+
+
+# --------------------------------------------------------------------------------------------- warp unit test
+
+WARP_SETTINGS = [
+    (1.0, None, None),
+    (0.6, None, None),
+    (1.7, None, None),
+    (1.0, 2, None),
+    (1.0, 3, None),
+    (1.0, 0, None),  # 0 = off
+    (1.0, 50, None),  # k >= V keeps everything
+    (1.0, None, 0.5),
+    (1.0, None, 0.9),
+    (1.0, None, 1.0),  # 1 = off
+    (1.0, None, 1e-4),  # only the argmax (plus ties)
+    (0.6, 3, 0.9),
+    (1.5, 2, 0.5),
+    (0.6, 5, 0.7),
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", WARP_SETTINGS)
+@pytest.mark.parametrize("kind", ["gaussian", "ties"])
+def test_warp_matches_numpy_reference(temperature, top_k, top_p, kind):
+    rng = np.random.default_rng(1234)
+    if kind == "gaussian":
+        logits = rng.normal(0.0, 2.0, size=(64, 8)).astype(np.float32)
+    else:  # small integers: many exact ties, including at the top-k / top-p boundaries
+        logits = rng.integers(0, 4, size=(64, 8)).astype(np.float32)
+    params = SamplingParams.create(temperature, top_k, top_p)
+    got = np.asarray(jax.jit(warp)(jnp.asarray(logits), params), np.float64)
+    want = ref_warp(logits, temperature, top_k, top_p)
+    # Rows whose top-p decision is within float32 rounding of the threshold are ambiguous: skip them.
+    clear = boundary_margins(logits, temperature, top_k, top_p) > 1e-5
+    assert clear.mean() > 0.9
+    got, want = got[clear], want[clear]
+    np.testing.assert_array_equal(got == 0, want == 0)  # same kept set
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(None, None), (2, None), (None, 0.5), (3, 0.9)])
+def test_warp_temperature_zero_is_one_hot_argmax(top_k, top_p):
+    rng = np.random.default_rng(99)
+    logits = rng.normal(0.0, 2.0, size=(64, 8)).astype(np.float32)
+    got = np.asarray(warp(jnp.asarray(logits), SamplingParams.create(0.0, top_k, top_p)))
+    np.testing.assert_array_equal(got, np.eye(8, dtype=np.float32)[np.argmax(logits, axis=-1)])
+
+
+def test_reference_sanity():
+    """The reference itself on hand-computed cases (so that a wrong reference cannot hide a wrong warp)."""
+    lg = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    np.testing.assert_allclose(ref_warp_row(lg, 1.0), [0.5, 0.3, 0.15, 0.05])
+    np.testing.assert_allclose(ref_warp_row(lg, 1.0, top_k=2), [0.5 / 0.8, 0.3 / 0.8, 0, 0])
+    # mass before each token = 0, .5, .8, .95: top-p 0.79 keeps two (0.8 is not < 0.79), 0.81 keeps three
+    np.testing.assert_allclose(ref_warp_row(lg, 1.0, top_p=0.79), [0.5 / 0.8, 0.3 / 0.8, 0, 0])
+    np.testing.assert_allclose(ref_warp_row(lg, 1.0, top_p=0.81), np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+    np.testing.assert_allclose(ref_warp_row(lg, 1.0, top_p=0.4), [1, 0, 0, 0])
+    ties = np.array([2.0, 1.0, 1.0, 0.0])
+    np.testing.assert_allclose(ref_warp_row(ties, 1.0, top_k=2), _softmax([2.0, 1.0, 1.0, -np.inf]))
+    e = np.exp([2.0, 1.0, 1.0, 0.0])
+    p_first = e[0] / e.sum()  # ~0.53: top-p 0.55 keeps the first token, the next one, and its tie
+    np.testing.assert_allclose(ref_warp_row(ties, 1.0, top_p=p_first + 0.02), _softmax([2.0, 1.0, 1.0, -np.inf]))
+    np.testing.assert_allclose(ref_warp_row([0.0, 3.0, 1.0], 0.0), [0, 1, 0])
+    np.testing.assert_allclose(ref_warp_row(lg, 0.5), _softmax(2 * lg))
+
+
+# --------------------------------------------------------------------------------------------- models
+
+
+def test_models_are_peaked_and_disagree(target_logits, draft_logits):
+    """Guards the strength of the statistical tests: peaked, context-dependent, clearly different models."""
+    pt = ref_warp(all_context_rows(target_logits), 1.0)
+    pd = ref_warp(all_context_rows(draft_logits), 1.0)
+    entropy = -(pt * np.log(pt)).sum(-1)
+    assert entropy.max() < np.log(VOCAB) - 0.05 and entropy.mean() < np.log(VOCAB) - 0.3, entropy
+    tv = 0.5 * np.abs(pt - pd).sum(-1)
+    assert tv.mean() > 0.25 and tv.min() > 0.05, tv  # draft and target really differ: rejections happen
+    # the next-token distribution depends on the context (so positions / cache bugs would show)
+    after_x1 = pt[1 : 1 + VOCAB]
+    assert 0.5 * np.abs(after_x1[:, None] - after_x1[None]).sum(-1).max() > 0.3
+
+
+def test_cached_target_matches_full_logits(target, target_logits):
+    """Plain greedy decoding follows the full-sequence argmax path (the cache path agrees with ``logits``)."""
+    res = jaxspec.generate(target, [PROMPT], max_new_tokens=NEW_TOKENS, temperature=0.0)
+    x1 = int(np.argmax(target_logits[0, 0, 0]))
+    x2 = int(np.argmax(target_logits[x1, 0, 1]))
+    x3 = int(np.argmax(target_logits[x1, x2, 2]))
+    assert res.tokens == [[x1, x2, x3]]
+    np.testing.assert_allclose(
+        res.logprobs[0],
+        [
+            scipy.special.log_softmax(target_logits[0, 0, 0])[x1],
+            scipy.special.log_softmax(target_logits[x1, 0, 1])[x2],
+            scipy.special.log_softmax(target_logits[x1, x2, 2])[x3],
+        ],
+        atol=1e-4,
+    )
+
+
+# --------------------------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_speculative_sampling_is_exact(target, draft, target_logits, gamma, setting):
+    temperature, top_k, top_p = SETTINGS[setting]
+    seed = 1000 + 10 * gamma + list(SETTINGS).index(setting)
+    p_value, result, probs, counts = run_and_test(
+        target, draft, target_logits, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+    )
+    assert counts[probs == 0].sum() == 0, "sampled a sequence the warped target gives probability 0"
+    if top_k or top_p:
+        assert (probs == 0).sum() > 0, "the filter removed nothing: the case would not test it"
+    assert p_value > ALPHA, f"speculative output does not follow the warped target (p={p_value:.3g})"
+    rate = result.stats.acceptance_rate
+    assert 0.05 < rate < 0.95, f"acceptance rate {rate} does not exercise both acceptance and rejection"
+    hist = result.stats.accept_hist
+    assert hist[0] > 0 and hist[-1] > 0  # rounds with no accepted draft and rounds with all accepted
+
+
+@pytest.mark.slow
+def test_plain_sampling_is_exact(target, target_logits):
+    p_value, result, _, _ = run_and_test(
+        target, None, target_logits, gamma=1, temperature=1.0, top_k=None, top_p=None, seed=7
+    )
+    assert result.stats.mode == "plain"
+    assert p_value > ALPHA, f"plain sampling does not follow the target (p={p_value:.3g})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResampleFromTarget(RejectionSampler):
+    """Classic bug: after a rejection, draw the correction from ``p`` instead of ``normalize(max(0, p - q))``."""
+
+    def residual(self, p, q):
+        return p
+
+
+@pytest.mark.slow
+def test_negative_control_wrong_residual_is_rejected(target, draft, target_logits):
+    p_value, result, _, _ = run_and_test(
+        target, draft, target_logits, gamma=3, temperature=1.0, top_k=None, top_p=None, seed=2024,
+        acceptance=ResampleFromTarget(),
+    )
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+    # Not borderline: the bias is large compared with the sampling noise at this sample size.
+    assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"

@@ -1,0 +1,138 @@
+"""Engine behaviour: greedy equality with plain decoding, draft bookkeeping, ragged stopping, seeds, no recompiles."""
+
+import jax
+import numpy as np
+import pytest
+
+import jaxspec
+from helpers import count_compiles
+
+MAX_NEW = 40
+EOS = 7
+
+
+def per_row_max_new(prompts):
+    return [MAX_NEW - (i % 4) * 7 for i in range(len(prompts))]
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(target, mixed_prompts):
+    return jaxspec.generate(
+        target, mixed_prompts, max_new_tokens=per_row_max_new(mixed_prompts), temperature=0.0, eos_token_id=EOS
+    )
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 7])
+@pytest.mark.parametrize("draft_name", ["same", "unrelated", "small", "perturbed"])
+def test_greedy_speculative_equals_plain(request, target, mixed_prompts, plain_greedy, gamma, draft_name):
+    draft = target if draft_name == "same" else request.getfixturevalue(f"{draft_name}_draft")
+    spec = jaxspec.generate(
+        target, mixed_prompts, draft=draft, gamma=gamma, max_new_tokens=per_row_max_new(mixed_prompts),
+        temperature=0.0, eos_token_id=EOS,
+    )
+    assert len(spec.tokens) == len(mixed_prompts) >= 20
+    mismatched = [i for i, (a, b) in enumerate(zip(spec.tokens, plain_greedy.tokens)) if a != b]
+    assert mismatched == [], f"rows differing from plain greedy: {mismatched}"
+    assert spec.finish_reasons == plain_greedy.finish_reasons
+    for a, b in zip(spec.logprobs, plain_greedy.logprobs):
+        np.testing.assert_allclose(a, b, atol=2e-4)
+    alpha = spec.stats.acceptance_rate
+    if draft_name == "same":
+        assert alpha == 1.0  # any draft-cache misalignment after a rejection or bonus token shows up here
+        assert spec.stats.accept_hist[-1] == spec.stats.rounds
+    elif draft_name == "perturbed":
+        assert 0.1 < alpha < 0.95  # partial acceptance: rollback paths are exercised
+    # every row's stats add up
+    for row, toks in zip(spec.stats.rows, spec.tokens):
+        assert row.generated_tokens == len(toks)
+        assert sum(row.accept_hist) == row.rounds
+        assert row.drafted == gamma * row.rounds
+        assert row.accepted == sum(n * c for n, c in enumerate(row.accept_hist))
+
+
+def test_greedy_run_stops_raggedly(plain_greedy, mixed_prompts):
+    limits = per_row_max_new(mixed_prompts)
+    reasons = set(plain_greedy.finish_reasons)
+    assert reasons == {"eos", "length"}, reasons  # the fixture really mixes both kinds of stop
+    for toks, reason, limit in zip(plain_greedy.tokens, plain_greedy.finish_reasons, limits):
+        assert 1 <= len(toks) <= limit
+        if reason == "eos":
+            assert toks[-1] == EOS and EOS not in toks[:-1]
+        else:
+            assert len(toks) == limit and EOS not in toks
+
+
+def test_logprobs_come_from_the_target(target, perturbed_draft, mixed_prompts):
+    res = jaxspec.generate(target, mixed_prompts[:4], draft=perturbed_draft, gamma=3, max_new_tokens=12, seed=5)
+    for prompt, toks, lps in zip(mixed_prompts[:4], res.tokens, res.logprobs):
+        full = np.asarray(jax.nn.log_softmax(target.logits(np.asarray([prompt + toks]))[0], axis=-1))
+        expected = full[np.arange(len(prompt) - 1, len(prompt) + len(toks) - 1), toks]
+        np.testing.assert_allclose(lps, expected, atol=2e-4)
+
+
+def test_draft_equal_to_target_sampling_alpha(target, mixed_prompts):
+    res = jaxspec.generate(target, mixed_prompts, draft=target, gamma=4, max_new_tokens=32, temperature=1.0, seed=1)
+    assert res.stats.acceptance_rate >= 0.99
+
+
+def test_only_verified_tokens_are_emitted(target, unrelated_draft, mixed_prompts):
+    """With top_k=2 every emitted token must be one of the target's top-2 at its position: an unverified
+    token from the unrelated draft would almost never be."""
+    res = jaxspec.generate(
+        target, mixed_prompts, draft=unrelated_draft, gamma=3, max_new_tokens=16, temperature=1.0, top_k=2, seed=3
+    )
+    assert res.stats.acceptance_rate < 0.9
+    for prompt, toks in zip(mixed_prompts, res.tokens):
+        logits = np.asarray(target.logits(np.asarray([prompt + toks]))[0])
+        for j, tok in enumerate(toks):
+            row = logits[len(prompt) - 1 + j]
+            assert row[tok] >= np.sort(row)[-2] - 1e-5
+
+
+def test_cache_end_stops_rows(target, perturbed_draft):
+    prompts = [[1, 2, 3], [4] * 10]
+    res = jaxspec.generate(target, prompts, draft=perturbed_draft, gamma=4, max_new_tokens=100, max_length=16,
+                           temperature=0.0)
+    assert res.finish_reasons == ["cache", "cache"]
+    assert [len(t) for t in res.tokens] == [13, 6]
+    plain = jaxspec.generate(target, prompts, max_new_tokens=100, max_length=16, temperature=0.0)
+    assert plain.tokens == res.tokens
+
+
+def test_same_seed_same_tokens_different_seed_different(target, small_draft, mixed_prompts):
+    kw = dict(draft=small_draft, gamma=3, max_new_tokens=24, temperature=1.0)
+    a = jaxspec.generate(target, mixed_prompts, seed=11, **kw)
+    b = jaxspec.generate(target, mixed_prompts, seed=11, **kw)
+    c = jaxspec.generate(target, mixed_prompts, seed=12, **kw)
+    assert a.tokens == b.tokens
+    differing = sum(x != y for x, y in zip(a.tokens, c.tokens))
+    assert differing >= len(mixed_prompts) // 2
+
+
+def test_row_sample_does_not_depend_on_the_batch(target, small_draft, mixed_prompts):
+    kw = dict(draft=small_draft, gamma=3, max_new_tokens=24, temperature=1.0)
+    # int seed: row b uses (seed, b); appending rows changes nothing for the first rows
+    five = jaxspec.generate(target, mixed_prompts[:5], seed=4, **kw)
+    eight = jaxspec.generate(target, mixed_prompts[:8], seed=4, **kw)
+    assert eight.tokens[:5] == five.tokens
+    # per-row seeds: a row can be re-batched anywhere
+    seeds = list(range(100, 108))
+    batch = jaxspec.generate(target, mixed_prompts[:8], seed=seeds, **kw)
+    alone = jaxspec.generate(target, [mixed_prompts[6]], seed=[seeds[6]], **kw)
+    assert alone.tokens[0] == batch.tokens[6]
+
+
+def test_no_recompilation_for_new_prompts_seed_temperature(target, small_draft, mixed_prompts):
+    kw = dict(draft=small_draft, gamma=3)
+    jaxspec.generate(target, mixed_prompts[:6], max_new_tokens=20, temperature=0.7, seed=0, **kw)
+    before = jaxspec.loop.generate_program._cache_size()
+    with count_compiles() as counts:
+        rng = np.random.default_rng(9)
+        new_prompts = [rng.integers(0, 96, size=int(rng.integers(3, 20))).tolist() for _ in range(5)]
+        for temperature, top_k, top_p, seed, max_new in [
+            (1.0, None, None, 1, 24), (0.0, None, None, 2, 17), (0.6, 5, 0.9, 3, 30), (1.3, 0, 0.5, 4, 8),
+        ]:
+            jaxspec.generate(target, new_prompts, max_new_tokens=max_new, temperature=temperature, top_k=top_k,
+                             top_p=top_p, seed=seed, **kw)
+    assert counts["compiles"] == 0 and counts["traces"] == 0, counts
+    assert jaxspec.loop.generate_program._cache_size() == before
