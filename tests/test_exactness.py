@@ -55,7 +55,7 @@ SETTINGS = {
     "temp1": (1.0, None, None),
     "temp0.6": (0.6, None, None),
     "topk3": (1.0, 3, None),
-    "topp0.7": (1.0, None, 0.7),
+    "topp0.8": (1.0, None, 0.8),
 }
 
 
