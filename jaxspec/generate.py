@@ -31,13 +31,12 @@ class NonFiniteLogitsError(FloatingPointError):
 
 
 @dataclasses.dataclass(frozen=True)
-class RowStats:
+class _Counts:
     generated_tokens: int
-    rounds: int  # target forward passes after prefill
+    rounds: int  # target forward passes after prefill (summed over rows for a call)
     drafted: int
     accepted: int
     accept_hist: tuple[int, ...]  # accept_hist[n] = rounds in which exactly n drafts were accepted
-    finish_reason: str  # "eos" | "length" (max_new_tokens) | "cache" (end of the KV cache)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -49,48 +48,45 @@ class RowStats:
         """τ: generated tokens ÷ target passes."""
         return self.generated_tokens / self.rounds if self.rounds else None
 
-
-@dataclasses.dataclass(frozen=True)
-class Stats:
-    """Per-call statistics; ``rows`` holds the same figures per prompt."""
-
-    mode: str  # "speculative" | "plain"
-    gamma: int
-    batch_size: int
-    compiled_batch_size: int
-    cache_length: int
-    generated_tokens: int
-    rounds: int
-    drafted: int
-    accepted: int
-    accept_hist: tuple[int, ...]
-    wall_time_s: float
-    rows: tuple[RowStats, ...]
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tokens_per_round(self) -> float | None:
-        return self.generated_tokens / self.rounds if self.rounds else None
-
     @property
     def position_acceptance(self) -> tuple[float | None, ...]:
-        """For each draft position i: P(draft i accepted | drafts before it accepted)."""
+        """For each draft position i: P(draft i accepted | the drafts before it were accepted)."""
         hist = np.asarray(self.accept_hist)
         out = []
-        for i in range(self.gamma):
+        for i in range(len(hist) - 1):
             reached = hist[i:].sum()
             out.append(float(hist[i + 1 :].sum() / reached) if reached else None)
         return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowStats(_Counts):
+    finish_reason: str = "running"  # "eos" | "length" (max_new_tokens) | "cache" (end of the KV cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats(_Counts):
+    """Per-call statistics; ``rows`` holds the same figures per prompt."""
+
+    mode: str = "plain"  # "speculative" | "plain"
+    gamma: int = 0
+    batch_size: int = 0
+    compiled_batch_size: int = 0
+    cache_length: int = 0
+    wall_time_s: float = 0.0
+    rows: tuple[RowStats, ...] = ()
+
+    @property
+    def target_passes(self) -> int:
+        """Batched verify passes the loop ran (the slowest row's rounds); ``rounds`` sums rows."""
+        return max((r.rounds for r in self.rows), default=0)
 
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.wall_time_s if self.wall_time_s > 0 else float("nan")
 
     def summary(self) -> str:
-        parts = [f"{self.mode}", f"{self.generated_tokens} tokens", f"{self.rounds} target passes"]
+        parts = [f"{self.mode}", f"{self.generated_tokens} tokens", f"{self.target_passes} target passes"]
         if self.acceptance_rate is not None:
             parts += [f"γ={self.gamma}", f"α={self.acceptance_rate:.3f}", f"τ={self.tokens_per_round:.2f}"]
         parts += [f"{self.wall_time_s:.3f}s", f"{self.tokens_per_s:.1f} tok/s"]
