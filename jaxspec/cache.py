@@ -41,6 +41,12 @@ def write(layer_cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.A
     return layer_cache.at[rows, positions].set(new.astype(layer_cache.dtype), mode="drop")
 
 
+def write_layer(cache: jax.Array, layer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+    """Like ``write`` into layer ``layer`` of a stacked ``cache [L, B, S, H, D]``, as one in-place scatter."""
+    rows = jnp.arange(new.shape[0])[:, None]
+    return cache.at[layer, rows, positions].set(new.astype(cache.dtype), mode="drop")
+
+
 def causal_mask(positions: jax.Array, length: int) -> jax.Array:
     """``[B, T, S]`` bool: query at ``positions[b, t]`` may attend slot ``s`` iff ``s <= positions[b, t]``."""
     return jnp.arange(length, dtype=positions.dtype)[None, None, :] <= positions[:, :, None]

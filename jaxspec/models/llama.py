@@ -1,7 +1,8 @@
 """Llama-family decoder in Flax: RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
 Layers are stacked with ``nn.scan`` so compile time does not grow with depth; every layer weight carries a
-leading ``[layers]`` axis and the KV cache is one ``KVCache`` with ``[layers, B, S, kv_heads, head_dim]``.
+leading ``[layers]`` axis and the KV cache is one ``KVCache`` with ``[layers, B, S, kv_heads, head_dim]``,
+carried through the scan and updated in place.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxspec.cache import KVCache, causal_mask, write
+from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.model import CausalLM
 from jaxspec.models.rope import apply_rope, inverse_frequencies
 
@@ -81,7 +82,8 @@ class Attention(nn.Module):
     cfg: LlamaConfig
 
     @nn.compact
-    def __call__(self, x, positions, k_cache, v_cache):
+    def __call__(self, x, positions, k_all, v_all, layer):
+        """``k_all, v_all [layers, B, S, kv_heads, head_dim]`` are updated in place at ``layer``."""
         cfg = self.cfg
         batch, length, _ = x.shape
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -90,7 +92,8 @@ class Attention(nn.Module):
         v = _dense(kvh * d, "v_proj", cfg)(x).reshape(batch, length, kvh, d)
         inv_freq = inverse_frequencies(d, cfg.rope_theta)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-        k_cache, v_cache = write(k_cache, k, positions), write(v_cache, v, positions)
+        k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
+        k_cache, v_cache = k_all[layer], v_all[layer]
 
         q = q.reshape(batch, length, kvh, h // kvh, d)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32) * d**-0.5
@@ -98,7 +101,7 @@ class Attention(nn.Module):
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache).reshape(batch, length, h * d)
-        return _dense(cfg.hidden_size, "o_proj", cfg)(out), k_cache, v_cache
+        return _dense(cfg.hidden_size, "o_proj", cfg)(out), k_all, v_all
 
 
 class MLP(nn.Module):
@@ -116,15 +119,15 @@ class DecoderLayer(nn.Module):
     cfg: LlamaConfig
 
     @nn.compact
-    def __call__(self, x, kv, positions):
+    def __call__(self, carry, layer, positions):
         cfg = self.cfg
-        k_cache, v_cache = kv
-        attn, k_cache, v_cache = Attention(cfg, name="attn")(
-            RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="input_norm")(x), positions, k_cache, v_cache
+        x, k_all, v_all = carry
+        attn, k_all, v_all = Attention(cfg, name="attn")(
+            RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="input_norm")(x), positions, k_all, v_all, layer
         )
         x = x + attn
         x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="post_attn_norm")(x))
-        return x, (k_cache, v_cache)
+        return (x, k_all, v_all), None
 
 
 class Llama(nn.Module):
@@ -150,7 +153,9 @@ class Llama(nn.Module):
             out_axes=0,
             length=cfg.num_layers,
         )(cfg, name="layers")
-        x, (k, v) = layers(x, (cache.k, cache.v), positions)
+        # The whole cache rides in the scan carry and each layer scatters its new entries in place: passing it as
+        # scanned inputs/outputs would make XLA build a second full cache every step.
+        (x, k, v), _ = layers((x, cache.k, cache.v), jnp.arange(cfg.num_layers), positions)
         x = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="final_norm")(x)
         if cfg.tie_embeddings:
             logits = embed.attend(x)
