@@ -73,7 +73,8 @@ class Stats(_Counts):
     batch_size: int = 0
     compiled_batch_size: int = 0
     cache_length: int = 0
-    wall_time_s: float = 0.0
+    wall_time_s: float = 0.0  # run time on device, compilation excluded
+    compile_time_s: float = 0.0  # compilation during this call (0 when the shapes were seen before)
     rows: tuple[RowStats, ...] = ()
 
     @property
@@ -90,6 +91,8 @@ class Stats(_Counts):
         if self.acceptance_rate is not None:
             parts += [f"γ={self.gamma}", f"α={self.acceptance_rate:.3f}", f"τ={self.tokens_per_round:.2f}"]
         parts += [f"{self.wall_time_s:.3f}s", f"{self.tokens_per_s:.1f} tok/s"]
+        if self.compile_time_s:
+            parts.append(f"compiled in {self.compile_time_s:.1f}s")
         return ", ".join(parts)
 
 
@@ -294,7 +297,7 @@ def _decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _result(prep: Prepared, state: loop.State, wall: float, names: tuple[str, str]) -> GenerationResult:
+def _result(prep: Prepared, state: loop.State, wall: float, compile_s: float, names) -> GenerationResult:
     host = jax.device_get(
         (state.tokens, state.logprobs, state.length, state.prompt_len, state.finish, state.rounds,
          state.drafted, state.accepted, state.accept_hist, state.bad_target, state.bad_draft)
@@ -330,6 +333,7 @@ def _result(prep: Prepared, state: loop.State, wall: float, names: tuple[str, st
         accepted=sum(r.accepted for r in row_stats),
         accept_hist=tuple(int(x) for x in hist[:n].sum(axis=0)),
         wall_time_s=wall,
+        compile_time_s=compile_s,
         rows=tuple(row_stats),
     )
     texts = None if prep.tokenizer is None else [_decode(prep.tokenizer, t) for t in out_tokens]
@@ -372,9 +376,12 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | None = None, **kwar
     """
     prep = prepare(target, prompts, draft=draft, **kwargs)
     start = time.perf_counter()
-    state = loop.generate_program(prep.spec, target.params, None if draft is None else draft.params, prep.inputs)
+    state, compile_s = loop.generate_program(
+        prep.spec, target.params, None if draft is None else draft.params, prep.inputs
+    )
     state = jax.block_until_ready(state)
-    return _result(prep, state, time.perf_counter() - start, _names(target, draft))
+    wall = time.perf_counter() - start - compile_s
+    return _result(prep, state, wall, compile_s, _names(target, draft))
 
 
 class Stream:
@@ -388,14 +395,15 @@ class Stream:
         prep, target = self._prep, self._target
         dparams = None if self._draft is None else self._draft.params
         start = time.perf_counter()
-        state = loop.prefill_program(prep.spec, target.params, dparams, prep.inputs)
+        state, compile_s = loop.prefill_program(prep.spec, target.params, dparams, prep.inputs)
         n = prep.num_rows
         emitted = np.asarray(prep.inputs.prompt_len)[:n].copy()
         plen = emitted.copy()
         texts_so_far = [""] * n
         one = jnp.int32(1)
         while True:
-            state = loop.rounds_program(prep.spec, target.params, dparams, state, one)
+            state, seconds = loop.rounds_program(prep.spec, target.params, dparams, state, one)
+            compile_s += seconds
             length, done = jax.device_get((state.length, state.done))
             length = length[:n]
             tokens = np.asarray(state.tokens[:n]) if (length > emitted).any() else None
@@ -414,7 +422,8 @@ class Stream:
             yield StreamStep(new, texts)
             if done.all():
                 break
-        self.result = _result(prep, state, time.perf_counter() - start, _names(target, self._draft))
+        wall = time.perf_counter() - start - compile_s
+        self.result = _result(prep, state, wall, compile_s, _names(target, self._draft))
 
 
 def stream(target: CausalLM, prompts, *, draft: CausalLM | None = None, **kwargs) -> Stream:

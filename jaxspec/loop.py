@@ -14,7 +14,7 @@ accepted drafts plus one corrected/bonus token, truncated at EOS, ``max_new_toke
 from __future__ import annotations
 
 import dataclasses
-import functools
+import time
 from typing import Any, Callable
 
 import jax
@@ -234,13 +234,49 @@ def run(spec: LoopSpec, target_params, draft_params, state: State, max_rounds) -
     return state
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def generate_program(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
-    """The whole generation in one compiled program; caches are not returned."""
+class Program:
+    """A loop function compiled ahead of time once per (spec, argument shapes/dtypes/shardings).
+
+    Calling returns ``(outputs, compile_seconds)``: 0 when an earlier call already compiled this signature, so
+    callers can report compile time apart from run time.
+    """
+
+    def __init__(self, fn, donate_argnums=()):
+        self.jitted = jax.jit(fn, static_argnums=0, donate_argnums=donate_argnums)
+        self._executables = {}
+
+    def lower(self, spec: LoopSpec, *args):
+        return self.jitted.lower(spec, *args)
+
+    def __call__(self, spec: LoopSpec, *args):
+        key = (spec, _signature(args))
+        executable, seconds = self._executables.get(key), 0.0
+        if executable is None:
+            start = time.perf_counter()
+            executable = self.lower(spec, *args).compile()
+            seconds = time.perf_counter() - start
+            self._executables[key] = executable
+        return executable(*args), seconds
+
+    def cache_size(self) -> int:
+        return len(self._executables)
+
+
+def _signature(args) -> tuple:
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, tuple(
+        (jnp.shape(x), jnp.result_type(x), getattr(x, "weak_type", False), getattr(x, "sharding", None))
+        for x in leaves
+    )
+
+
+def _generate(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
+    """The whole generation in one program; caches are not returned."""
     state = prefill(spec, target_params, draft_params, inputs)
     state = run(spec, target_params, draft_params, state, jnp.iinfo(jnp.int32).max)
     return dataclasses.replace(state, target_cache=None, draft_cache=None)
 
 
-prefill_program = jax.jit(prefill, static_argnums=0)
-rounds_program = jax.jit(run, static_argnums=0, donate_argnums=3)
+generate_program = Program(_generate)
+prefill_program = Program(prefill)
+rounds_program = Program(run, donate_argnums=(3,))

@@ -154,7 +154,7 @@ def test_stats(target, perturbed_draft, mixed_prompts):
     assert s.accepted == sum(n * c for n, c in enumerate(s.accept_hist))
     assert 0 < s.acceptance_rate < 1
     assert s.tokens_per_round == pytest.approx(s.generated_tokens / s.rounds)
-    assert s.wall_time_s > 0 and s.tokens_per_s > 0
+    assert s.wall_time_s > 0 and s.tokens_per_s > 0 and s.compile_time_s >= 0
     pos = s.position_acceptance
     assert len(pos) == 4 and all(p is None or 0 <= p <= 1 for p in pos)
     hist = np.asarray(s.accept_hist)

@@ -1,0 +1,82 @@
+"""``python -m jaxspec.bench``: flags, then dispatch to a mode through ``MODES``.
+
+A new mode is a module with ``run(args) -> dict`` (prints its tables, returns the JSON document), an entry in
+``MODES`` and a flag that stores its name in ``args.mode``, e.g.
+``p.add_argument("--sweep", dest="mode", action="store_const", const="sweep")``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+
+import jaxspec.bench
+from jaxspec.bench import single
+from jaxspec.bench.pairs import PAIRS
+
+MODES = {"single": single.run}
+
+# --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
+QUICK = dict(vocab=256, hidden=64, target_layers=2, draft_layers=1, max_new_tokens=16, repeats=1, step_iters=3,
+             pair="aligned", breakdown_repeats=0)
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jaxspec.bench", description=jaxspec.bench.__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(mode="single")
+    p.add_argument("--pair", choices=[*PAIRS, "both"], default="both")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3, help="generate() runs per mode and temperature (interleaved)")
+    p.add_argument("--temperatures", type=_floats, default=[0.0, 1.0], help="comma-separated, default 0,1")
+    p.add_argument("--step-iters", type=int, default=10,
+                   help="calls of each model step per timing block (one block after every plain+spec pair of runs)")
+    p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("models (float32 Llama, random weights)")
+    g.add_argument("--vocab", type=int, default=8192)
+    g.add_argument("--hidden", type=int, default=512, help="shared by target and draft")
+    g.add_argument("--target-layers", type=int, default=16)
+    g.add_argument("--draft-layers", type=int, default=1)
+    g.add_argument("--residual-scale", type=float, default=0.002,
+                   help="aligned pair: factor on every o_proj/down_proj (smaller = higher α)")
+    p.add_argument("--breakdown-repeats", type=int, default=3,
+                   help="runs per combination for the in-loop time breakdown of the first pair (0 = skip it)")
+    p.add_argument("--breakdown-tokens", type=int, default=100,
+                   help="the longer max_new_tokens of the breakdown's slope (the shorter is a fifth of it)")
+    quick = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+    p.add_argument("--quick", action="store_true", help=f"smoke run on tiny models: {quick}, unless given")
+    p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.quick:  # tiny defaults; flags given explicitly keep their values
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
+    if args.gamma < 1:
+        p.error("--gamma must be >= 1")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    print(f"jaxspec.bench: backend {jax.default_backend()}, device {jax.devices()[0]}, jax {jax.__version__}, "
+          f"persistent compilation cache {jax.config.jax_compilation_cache_dir or 'off'}", flush=True)
+    doc = MODES[args.mode](args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

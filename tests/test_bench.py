@@ -1,0 +1,121 @@
+"""The benchmark: the bound formulas against hand-computed values, flag handling, and one ``--quick`` run end to end."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from jaxspec.bench.bounds import bound_cpu, bound_issue, expected_tokens
+
+# ------------------------------------------------------------------------------------------------- bounds
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 7])
+def test_expected_tokens_endpoints(gamma):
+    assert expected_tokens(0.0, gamma) == 1.0
+    assert expected_tokens(1.0, gamma) == gamma + 1
+
+
+@pytest.mark.parametrize("gamma, c", [(1, 0.0), (4, 0.05), (7, 0.3)])
+def test_bound_a_at_alpha_zero_is_one_round_per_token(gamma, c):
+    assert bound_issue(0.0, gamma, c) == pytest.approx(1.0 / (gamma * c + 1.0), rel=1e-12)
+
+
+@pytest.mark.parametrize("gamma, c", [(1, 0.0), (4, 0.05), (7, 0.3)])
+def test_bound_a_at_alpha_one_is_the_limit(gamma, c):
+    limit = (gamma + 1) / (gamma * c + 1.0)
+    assert bound_issue(1.0, gamma, c) == pytest.approx(limit, rel=1e-12)
+    # approaching 1 from below, through the closed form (1 − α^(γ+1)) / ((1 − α)(γc + 1)), gives the same limit
+    alpha = 1.0 - 1e-7
+    closed = (1.0 - alpha ** (gamma + 1)) / ((1.0 - alpha) * (gamma * c + 1.0))
+    assert closed == pytest.approx(limit, rel=1e-5)
+    assert bound_issue(alpha, gamma, c) == pytest.approx(limit, rel=1e-5)
+
+
+def test_bounds_mid_value_by_hand():
+    alpha, gamma, c, v = 0.6, 4, 0.05, 1.3
+    # 1 − 0.6^5 = 1 − 0.07776 = 0.92224; ÷ (1 − 0.6) = 2.3056 tokens per round
+    assert expected_tokens(alpha, gamma) == pytest.approx(2.3056, rel=1e-12)
+    # bound A: 2.3056 / (4·0.05 + 1) = 2.3056 / 1.2
+    assert bound_issue(alpha, gamma, c) == pytest.approx(2.3056 / 1.2, rel=1e-12)
+    assert bound_issue(alpha, gamma, c) == pytest.approx(1.921333333333, rel=1e-10)
+    # bound B: 2.3056 / (4·0.05 + 1.3) = 2.3056 / 1.5
+    assert bound_cpu(alpha, gamma, c, v) == pytest.approx(1.537066666667, rel=1e-10)
+
+
+def test_bound_b_with_v_one_is_bound_a():
+    for alpha in (0.0, 0.3, 0.9, 1.0):
+        assert bound_cpu(alpha, 3, 0.1, 1.0) == pytest.approx(bound_issue(alpha, 3, 0.1), rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------- flags
+
+
+def test_quick_sets_tiny_defaults_but_explicit_flags_win():
+    from jaxspec.bench.__main__ import parse_args
+
+    default, quick = parse_args([]), parse_args(["--quick"])
+    assert (default.vocab, default.target_layers, default.pair) == (8192, 16, "both")
+    assert (quick.vocab, quick.hidden, quick.target_layers, quick.max_new_tokens) == (256, 64, 2, 16)
+    mixed = parse_args(["--quick", "--pair", "both", "--vocab", "512"])
+    assert (mixed.pair, mixed.vocab, mixed.hidden) == ("both", 512, 64)
+
+
+# ------------------------------------------------------------------------------------------------- --quick end to end
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxspec.bench", "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_quick_prints_the_tables(quick_run):
+    stdout, doc = quick_run
+    for pair in doc["pairs"]:
+        assert f"pair: {pair['name']}" in stdout
+    assert "summary" in stdout and "efficiency A" in stdout
+
+
+def test_quick_json_figures_are_consistent(quick_run):
+    _, doc = quick_run
+    args = doc["args"]
+    gamma, max_new = args["gamma"], args["max_new_tokens"]
+    assert args["quick"] and doc["pairs"]
+    for pair in doc["pairs"]:
+        steps, c, v = pair["steps_s"], pair["c"], pair["v"]
+        assert all(s > 0 for s in steps.values())
+        assert c == pytest.approx(steps["draft_1"] / steps["target_1"])
+        assert v == pytest.approx(steps[f"target_{gamma + 1}"] / steps["target_1"])
+        assert [t["temperature"] for t in pair["temps"]] == args["temperatures"]
+        for t in pair["temps"]:
+            alpha, tau = t["alpha"], t["tau"]
+            assert 0.0 <= alpha <= 1.0
+            assert 1.0 <= tau <= gamma + 1
+            assert t["speedup"] > 0 and t["plain_tps"] > 0 and t["spec_tps"] > 0
+            spec = t["spec"]
+            assert alpha == pytest.approx(sum(r["accepted"] for r in spec) / sum(r["drafted"] for r in spec))
+            assert tau == pytest.approx(sum(r["tokens"] for r in spec) / sum(r["rounds"] for r in spec))
+            assert all(r["tokens"] == max_new for r in spec + t["plain"])  # no EOS: every run generates max_new
+            # the reported bounds are the pure functions of the reported α, γ, c, v
+            assert t["bound_issue"] == pytest.approx(bound_issue(alpha, gamma, c), rel=1e-9)
+            assert t["bound_cpu"] == pytest.approx(bound_cpu(alpha, gamma, c, v), rel=1e-9)
+            assert t["eff_issue"] == pytest.approx(t["speedup"] / t["bound_issue"], rel=1e-9)
+            assert t["eff_cpu"] == pytest.approx(t["speedup"] / t["bound_cpu"], rel=1e-9)
+            assert math.isfinite(t["decode_speedup"]) and t["decode_speedup"] > 0
+        comp = pair["compile_spec"]
+        assert comp["lower_s"] > 0 and comp["compile_s"] > 0
+        assert comp["total_s"] == pytest.approx(comp["lower_s"] + comp["compile_s"])
+        mem = pair["memory"]
+        both = mem["target_weights"] + mem["draft_weights"]
+        if pair["name"] == "aligned":  # the draft shares the target's embed, final_norm and lm_head
+            assert mem["weights_unique"] < both
+        else:
+            assert mem["weights_unique"] == both
