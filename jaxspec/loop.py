@@ -261,6 +261,9 @@ class Program:
     def cache_size(self) -> int:
         return len(self._executables)
 
+    def clear(self) -> None:
+        self._executables.clear()
+
 
 def _signature(args) -> tuple:
     leaves, treedef = jax.tree.flatten(args)
@@ -280,3 +283,9 @@ def _generate(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -
 generate_program = Program(_generate)
 prefill_program = Program(prefill)
 rounds_program = Program(run, donate_argnums=(3,))
+
+
+def clear_compiled() -> None:
+    """Forget every compiled loop program (the next calls compile again; used by benchmarks)."""
+    for program in (generate_program, prefill_program, rounds_program):
+        program.clear()

@@ -22,8 +22,8 @@ For each (target, draft) pair it reports:
     from the standalone calls (residual = engine overhead + dispatch differences), and, for the first pair, an
     in-loop breakdown: ms per round with a ~zero-cost "null" model swapped into the target and/or draft seat
     (engine alone, verify alone, draft phase alone), each as the slope of wall time over rounds;
-  * compile time of ``jaxspec.loop.generate_program`` (explicit ``.lower()`` + ``.compile()``, and first call
-    minus a steady-state call);
+  * compile time of ``jaxspec.loop.generate_program`` (explicit ``.lower()`` + ``.compile()``, and what the
+    first, cold ``generate()`` call reports as ``stats.compile_time_s``);
   * memory: weight bytes, KV-cache bytes (``jax.eval_shape`` of ``init_cache``), the compiled program's
     ``memory_analysis()``, process peak RSS and, on GPU/TPU, the device's peak ``memory_stats()``.
 

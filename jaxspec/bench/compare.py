@@ -23,6 +23,7 @@ from jaxspec.bench.measure import (
     step_ratios,
 )
 from jaxspec.bench.pairs import Pair, make_prompt
+from jaxspec import loop
 from jaxspec.generate import prepare
 
 
@@ -121,9 +122,11 @@ def _compile_reports(pair: Pair, prompt, base: dict, first_temp: float) -> tuple
     comp_spec = measure_compile(target, draft, prompt, dict(base, temperature=0.0))
     comp_plain = measure_compile(target, None, prompt, dict(base, temperature=0.0))
     jax.clear_caches()
+    loop.clear_compiled()
     first = dict(base, temperature=first_temp)
-    comp_plain.first_call_s = run_generate(target, None, prompt, first, 0).call_s
-    comp_spec.first_call_s = run_generate(target, draft, prompt, first, 0).call_s
+    for comp, d in ((comp_plain, None), (comp_spec, draft)):
+        run = run_generate(target, d, prompt, first, 0)
+        comp.first_call_s, comp.first_call_compile_s = run.call_s, run.compile_s
     return comp_spec, comp_plain
 
 
@@ -144,10 +147,6 @@ def bench_pair(pair: Pair, args) -> PairReport:
     runs = _interleaved_runs(pair, prompt, base, args, timer)
     steps = timer.medians()
     temps = [temp_report(temp, plain, spec, steps, prefill, gamma) for temp, (plain, spec) in runs.items()]
-
-    # steady-state whole-call time (same temperature and seed set as the first call), for "first − steady"
-    comp_plain.steady_call_s = statistics.median(x.call_s for x in temps[0].plain)
-    comp_spec.steady_call_s = statistics.median(x.call_s for x in temps[0].spec)
     c, v = step_ratios(steps, gamma)
     return PairReport(
         name=pair.name, description=pair.description, target_params=target.num_params,
