@@ -369,6 +369,8 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | None = None, **kwar
       eos_token_id: int or ints ending a row; defaults to ``target.eos_token_id``.
       seed: int (row ``b`` uses ``fold_in(key(seed), b)``) or one int per prompt (row uses its own seed only).
       max_length: cache length (prompt + generated); default: bucketed from the prompt and ``max_new_tokens``.
+      acceptance: advanced: the acceptance rule, a hashable ``jaxspec.acceptance.RejectionSampler`` (subclass)
+        instance; the default is the exact rule.
 
     Returns a ``GenerationResult`` with ``tokens``, ``logprobs``, ``finish_reasons``, ``texts`` and ``stats``.
     Raises ``ValueError`` for bad input before compiling, ``NonFiniteLogitsError`` after the call if a model
