@@ -1,0 +1,158 @@
+"""Train a Llama-architecture language model from scratch with optax: the recipe for the shipped pair.
+
+    python -m jaxspec.train --run runs/pair --model target --steps 6000
+    python -m jaxspec.train --run runs/pair --model draft --steps 6000
+
+The run directory holds the tokenizer, the encoded corpus and one orbax checkpoint manager per model. A killed
+run resumes from its latest checkpoint (parameters, optimizer state and step; batches are a pure function of the
+seed and step, so a resumed run sees the same data as an uninterrupted one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from jaxspec import corpus
+from jaxspec.models import llama
+
+# The shipped pair: same tokenizer; the draft is far cheaper per decode step.
+PAIR_CONFIGS = {
+    "target": dict(hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2),
+    "draft": dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1,
+                  tie_embeddings=True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 6000
+    batch_size: int = 16
+    seq_len: int = 256
+    learning_rate: float = 3e-3
+    warmup: int = 200
+    weight_decay: float = 0.1
+    seed: int = 0
+    checkpoint_every: int = 250
+    eval_every: int = 500
+
+
+def prepare_run(run: Path, vocab_size: int = 4096) -> None:
+    """Tokenizer and encoded splits, made once per run directory."""
+    tok_dir = run / "tokenizer"
+    if not (tok_dir / "tokenizer.json").exists():
+        corpus.train_tokenizer(tok_dir, vocab_size)
+    for split in ("train", "heldout"):
+        path = run / f"{split}.npy"
+        if not path.exists():
+            np.save(path, corpus.encode_split(tok_dir, split))
+
+
+def model_config(name: str, vocab_size: int) -> llama.LlamaConfig:
+    return llama.LlamaConfig(vocab_size=vocab_size, **PAIR_CONFIGS[name])
+
+
+def batch_at(data: np.ndarray, cfg: TrainConfig, step: int) -> np.ndarray:
+    """``[B, seq_len + 1]`` windows; a pure function of (seed, step)."""
+    rng = np.random.default_rng([cfg.seed, step])
+    starts = rng.integers(0, len(data) - cfg.seq_len - 1, size=cfg.batch_size)
+    return np.stack([data[s : s + cfg.seq_len + 1] for s in starts])
+
+
+def make_loss(apply_fn, init_cache):
+    def loss_fn(params, batch):
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+        logits, _ = apply_fn(params, inputs, positions, init_cache(*inputs.shape))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    return loss_fn
+
+
+def optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, cfg.warmup, cfg.steps, cfg.learning_rate / 10)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.95, weight_decay=cfg.weight_decay))
+
+
+def tokenizer_vocab_size(run: Path) -> int:
+    return len(json.loads((run / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"])
+
+
+def train(run: Path, name: str, cfg: TrainConfig, mcfg: llama.LlamaConfig | None = None) -> dict:
+    """Train model ``name`` on ``run/train.npy`` (made by ``prepare_run``); resumes from ``run/ckpt_<name>``."""
+    run = Path(run).resolve()
+    data = np.load(run / "train.npy")
+    heldout = np.load(run / "heldout.npy")
+    mcfg = mcfg or model_config(name, tokenizer_vocab_size(run))
+    apply_fn, init_cache = llama.model_fns(mcfg)
+    loss_fn = make_loss(apply_fn, init_cache)
+    opt = optimizer(cfg)
+
+    @jax.jit
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    eval_loss = jax.jit(loss_fn)
+    span = cfg.seq_len + 1
+    eval_batch = np.stack([heldout[i : i + span] for i in range(0, min(64, len(heldout) // span) * span, span)])
+
+    params = llama.init_params(mcfg, cfg.seed)
+    state = {"params": params, "opt_state": opt.init(params), "step": jnp.int32(0)}
+    manager = ocp.CheckpointManager(
+        run / f"ckpt_{name}", options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
+    )
+    start_step = 0
+    if manager.latest_step() is not None:
+        state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
+        start_step = int(state["step"])
+        print(f"resumed {name} at step {start_step}", flush=True)
+    (run / f"{name}_config.json").write_text(json.dumps(dataclasses.asdict(mcfg), indent=2))
+    n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
+    print(f"{name}: {n_params / 1e6:.2f} M params, {len(data) / 1e6:.1f} M train tokens", flush=True)
+
+    params, opt_state = state["params"], state["opt_state"]
+    log = run / f"{name}_log.jsonl"
+    t0, tokens = time.perf_counter(), 0
+    for step in range(start_step, cfg.steps):
+        params, opt_state, loss = train_step(params, opt_state, batch_at(data, cfg, step))
+        tokens += cfg.batch_size * cfg.seq_len
+        done = step + 1
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            manager.save(done, args=ocp.args.StandardSave(
+                {"params": params, "opt_state": opt_state, "step": jnp.int32(done)}))
+        if done % 50 == 0 or done == cfg.steps:
+            record = {"step": done, "loss": float(loss), "tok_s": tokens / (time.perf_counter() - t0)}
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                record["heldout_loss"] = float(eval_loss(params, eval_batch))
+            with log.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(json.dumps(record), flush=True)
+    manager.wait_until_finished()
+    return {"params": params, "config": mcfg}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m jaxspec.train", description=__doc__.split("\n")[0])
+    ap.add_argument("--run", required=True, help="run directory (created; resumed if it has checkpoints)")
+    ap.add_argument("--model", choices=sorted(PAIR_CONFIGS), required=True)
+    for field in dataclasses.fields(TrainConfig):
+        ap.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+    args = ap.parse_args(argv)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    prepare_run(Path(args.run))
+    train(Path(args.run), args.model, cfg)
+
+
+if __name__ == "__main__":
+    main()
