@@ -1,0 +1,113 @@
+"""Orbax save/restore of whole models: parameters, architecture config and tokenizer in one directory.
+
+Layout of a saved model directory::
+
+    jaxspec.json        {"format": 1, "family": "llama", "config": {...}, "eos_token_id": ..., "name": ...}
+    params/             orbax checkpoint of the parameter pytree
+    tokenizer/          (optional) a Hugging Face tokenizer saved with save_pretrained
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from jaxspec.model import CausalLM
+from jaxspec.models import llama
+
+FORMAT = 1
+META = "jaxspec.json"
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# family name -> (config class, CausalLM builder from (config, params, **kw))
+FAMILIES = {"llama": (llama.LlamaConfig, llama.from_params)}
+
+
+def _family_of(config) -> str:
+    for name, (cls, _) in FAMILIES.items():
+        if isinstance(config, cls):
+            return name
+    raise ValueError(
+        f"cannot save a model whose config is {type(config).__name__}; supported families: {sorted(FAMILIES)}"
+    )
+
+
+def save(model: CausalLM, directory: str | Path) -> Path:
+    """Save ``model`` (a built-in family with its ``config``) to ``directory`` (must not exist yet)."""
+    directory = Path(directory).resolve()
+    if directory.exists() and any(directory.iterdir()):
+        raise FileExistsError(f"directory {directory} exists and is not empty; choose a new path")
+    family = _family_of(model.config)
+    directory.mkdir(parents=True, exist_ok=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(directory / "params", model.params)
+    checkpointer.wait_until_finished()
+    eos = model.eos_token_id
+    meta = {
+        "format": FORMAT,
+        "family": family,
+        "config": dataclasses.asdict(model.config),
+        "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
+        "name": model.name,
+    }
+    if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
+        model.tokenizer.save_pretrained(directory / "tokenizer")
+    (directory / META).write_text(json.dumps(meta, indent=2))
+    return directory
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def is_orbax_model(directory: str | Path) -> bool:
+    return (Path(directory) / META).is_file()
+
+
+def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = None) -> CausalLM:
+    """Restore a model saved by ``save``.
+
+    ``dtype`` casts the parameters ("float32", "bfloat16", "float16"); ``sharding`` is a pytree of
+    ``jax.sharding.Sharding`` matching the parameters (or one sharding for all), used as the restore target so
+    every array lands directly in its layout.
+    """
+    directory = Path(directory).resolve()
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} or None, got {dtype!r}")
+    try:
+        meta = json.loads((directory / META).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{directory} is not a jaxspec model directory (no {META})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{directory / META} is corrupted: {err}") from None
+    if meta.get("family") not in FAMILIES:
+        raise ValueError(f"unknown model family {meta.get('family')!r} in {directory / META}; "
+                         f"supported: {sorted(FAMILIES)}")
+    config_cls, build = FAMILIES[meta["family"]]
+    fields = {k: _tuples(v) for k, v in meta["config"].items()}  # JSON turned tuples into lists
+    config = config_cls(**{**fields, **({"dtype": dtype} if dtype else {})})
+    abstract = jax.eval_shape(lambda: llama.init_params(config, 0))
+    if sharding is not None:
+        shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, abstract)
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    try:
+        params = ocp.StandardCheckpointer().restore(directory / "params", abstract)
+    except Exception as err:  # orbax raises many kinds; all mean the same to a user
+        raise ValueError(
+            f"the checkpoint in {directory / 'params'} is incomplete or corrupted and cannot be restored "
+            f"({type(err).__name__}: {str(err)[:300]})"
+        ) from err
+    tokenizer = None
+    if (directory / "tokenizer").is_dir():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(directory / "tokenizer")
+    eos = meta.get("eos_token_id")
+    return build(config, params, tokenizer=tokenizer, eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+                 name=meta.get("name", "model"))

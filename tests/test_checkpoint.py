@@ -1,0 +1,115 @@
+"""Orbax save/load of whole models: round trip, dtype, tokenizer, sharding target, corrupted checkpoints."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import checkpoint
+from jaxspec.models import llama
+
+CFG = llama.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                        num_kv_heads=2, init_std=0.2)
+
+
+def _tiny_hf_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=["<eos>"], show_progress=False,
+                                  initial_alphabet=[])
+    tok.train_from_iterator(["def f(x): return x + 1\n"] * 50, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return llama.init(CFG, seed=0, eos_token_id=(3, 5), name="tiny")
+
+
+@pytest.fixture(scope="module")
+def saved(model, tmp_path_factory):
+    return checkpoint.save(model, tmp_path_factory.mktemp("ckpt") / "model")
+
+
+def test_round_trip(model, saved):
+    back = checkpoint.load_orbax(saved)
+    assert back.config == model.config and back.name == "tiny" and back.eos_token_id == (3, 5)
+    for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(back.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ids = np.asarray([[1, 2, 3, 4, 5]])
+    np.testing.assert_array_equal(np.asarray(model.logits(ids)), np.asarray(back.logits(ids)))
+    kw = dict(max_new_tokens=6, temperature=0.0)
+    assert jaxspec.generate(back, [[1, 2]], **kw).tokens == jaxspec.generate(model, [[1, 2]], **kw).tokens
+
+
+def test_dtype_on_load(saved):
+    back = checkpoint.load_orbax(saved, dtype="bfloat16")
+    assert {x.dtype.name for x in jax.tree.leaves(back.params)} == {"bfloat16"}
+    assert back.config.dtype == "bfloat16"
+    with pytest.raises(ValueError, match="dtype"):
+        checkpoint.load_orbax(saved, dtype="float8")
+
+
+def test_restore_into_a_sharding(saved):
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[-1])
+    back = checkpoint.load_orbax(saved, sharding=sharding)
+    assert all(x.sharding == sharding for x in jax.tree.leaves(back.params))
+
+
+def test_tokenizer_travels_with_the_model(model, tmp_path):
+    tok = _tiny_hf_tokenizer()
+    path = checkpoint.save(model.replace(tokenizer=tok), tmp_path / "with_tok")
+    back = checkpoint.load_orbax(path)
+    text = "def f(x): return x"
+    assert back.tokenizer.encode(text) == tok.encode(text)
+
+
+def test_refuses_to_overwrite(model, saved):
+    with pytest.raises(FileExistsError, match="not empty"):
+        checkpoint.save(model, saved)
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_truncated_data_is_a_clear_error(saved, tmp_path):
+    broken = _copy(saved, tmp_path / "broken")
+    data = [os.path.join(r, f) for r, _, fs in os.walk(broken / "params") for f in fs]
+    biggest = max(data, key=os.path.getsize)
+    with open(biggest, "r+b") as f:
+        f.truncate(os.path.getsize(biggest) // 2)
+    with pytest.raises(ValueError, match="incomplete or corrupted"):
+        checkpoint.load_orbax(broken)
+
+
+def test_missing_params_is_a_clear_error(saved, tmp_path):
+    import shutil
+
+    broken = _copy(saved, tmp_path / "noparams")
+    shutil.rmtree(broken / "params")
+    with pytest.raises(ValueError, match="incomplete or corrupted"):
+        checkpoint.load_orbax(broken)
+
+
+def test_bad_metadata(saved, tmp_path):
+    broken = _copy(saved, tmp_path / "badmeta")
+    (broken / "jaxspec.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupted"):
+        checkpoint.load_orbax(broken)
+    meta = json.loads((saved / "jaxspec.json").read_text())
+    (broken / "jaxspec.json").write_text(json.dumps({**meta, "family": "rwkv"}))
+    with pytest.raises(ValueError, match="unknown model family 'rwkv'.*llama"):
+        checkpoint.load_orbax(broken)
+    with pytest.raises(FileNotFoundError, match="not a jaxspec model directory"):
+        checkpoint.load_orbax(tmp_path)
