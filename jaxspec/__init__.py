@@ -1,7 +1,8 @@
 """jaxspec: exact speculative decoding in JAX.
 
 Public API: ``CausalLM`` (the model contract), ``generate`` and ``stream`` (plain or speculative decoding),
-``models.llama`` (a built-in Llama-family decoder).
+``models.llama`` (a built-in Llama-family decoder), ``load`` (jaxspec orbax checkpoints and Hugging Face
+safetensors directories), ``save`` (orbax) and ``export_hf``.
 """
 
 from jaxspec.generate import (
@@ -14,6 +15,8 @@ from jaxspec.generate import (
     generate,
     stream,
 )
+from jaxspec.checkpoint import load, save
+from jaxspec.hf_export import export_hf
 from jaxspec.model import CausalLM
 from jaxspec.models import llama
 
@@ -25,8 +28,11 @@ __all__ = [
     "Stats",
     "Stream",
     "StreamStep",
+    "export_hf",
     "generate",
     "llama",
+    "load",
+    "save",
     "stream",
 ]
 __version__ = "0.1.0"

@@ -111,3 +111,17 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
     eos = meta.get("eos_token_id")
     return build(config, params, tokenizer=tokenizer, eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
                  name=meta.get("name", "model"))
+
+
+def load(path: str | Path, dtype: str | None = None, *, sharding: Any = None, **hf_kwargs) -> CausalLM:
+    """Load a model directory: a jaxspec checkpoint (``save``) or a Hugging Face directory (``jaxspec.hf.load``).
+
+    ``dtype`` None keeps a jaxspec checkpoint's dtype and loads Hugging Face weights as float32.
+    """
+    if is_orbax_model(path):
+        return load_orbax(path, dtype, sharding)
+    if sharding is not None:
+        raise ValueError("sharding= is supported for jaxspec (orbax) checkpoints only; got a non-orbax directory")
+    from jaxspec import hf
+
+    return hf.load(path, dtype or "float32", **hf_kwargs)

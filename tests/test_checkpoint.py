@@ -113,3 +113,17 @@ def test_bad_metadata(saved, tmp_path):
         checkpoint.load_orbax(broken)
     with pytest.raises(FileNotFoundError, match="not a jaxspec model directory"):
         checkpoint.load_orbax(tmp_path)
+
+
+def test_jaxspec_load_dispatches(saved, tmp_path):
+    from pathlib import Path
+
+    assert jaxspec.load(saved).name == "tiny"  # orbax
+    hf_dir = Path(__file__).parent / "fixtures" / "hf" / "qwen2_bias_tied"
+    hf_model = jaxspec.load(hf_dir)  # Hugging Face
+    back = jaxspec.load(jaxspec.save(hf_model, tmp_path / "from_hf"))  # and through orbax again
+    ids = np.asarray([[1, 2, 3, 4]])
+    np.testing.assert_array_equal(np.asarray(hf_model.logits(ids)), np.asarray(back.logits(ids)))
+    assert back.config == hf_model.config
+    with pytest.raises(ValueError, match="sharding"):
+        jaxspec.load(hf_dir, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))

@@ -19,7 +19,7 @@ def _decode_in_chunks(model, tokens, prompt_lens, chunk):
     plen = max(prompt_lens)
     positions = np.broadcast_to(np.arange(plen), (batch, plen))
     logits, cache = apply(model.params, jnp.asarray(tokens[:, :plen]), jnp.asarray(positions), cache)
-    out = np.zeros((batch, total, VOCAB), np.float32)
+    out = np.zeros((batch, total, model.vocab_size), np.float32)
     for b, n in enumerate(prompt_lens):
         out[b, :n] = logits[b, :n]
     start = np.asarray(prompt_lens)

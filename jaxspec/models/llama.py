@@ -1,5 +1,9 @@
 """Llama-family decoder in Flax: RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
+Config switches cover the Llama-family variants ``jaxspec.load`` reads: q/k/v (and output) projection biases
+(Qwen2, ``attention_bias``), per-head q/k RMSNorm before RoPE (Qwen3), RoPE types from ``models.rope`` (linear,
+llama3) and a sliding attention window (Mistral).
+
 Layers are stacked with ``nn.scan`` so compile time does not grow with depth; every layer weight carries a
 leading ``[layers]`` axis and the KV cache is one ``KVCache`` with ``[layers, B, S, kv_heads, head_dim]``,
 carried through the scan and updated in place.
@@ -16,7 +20,7 @@ import jax.numpy as jnp
 
 from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.model import CausalLM
-from jaxspec.models.rope import apply_rope, inverse_frequencies
+from jaxspec.models.rope import apply_rope, check_rope, inverse_frequencies
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -35,8 +39,19 @@ class LlamaConfig:
     tie_embeddings: bool = False
     dtype: str = "float32"  # weights, activations and cache; logits are always float32
     init_std: float = 0.02
+    qkv_bias: bool = False  # biases on q/k/v projections (Qwen2; Llama/Qwen3 with attention_bias)
+    o_bias: bool = False  # bias on the output projection (Llama/Qwen3 with attention_bias)
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k, per head, before RoPE (Qwen3)
+    rope_type: str = "default"  # a key of jaxspec.models.rope.ROPE_TYPES
+    rope_params: tuple[tuple[str, float], ...] = ()  # that type's parameters as sorted (name, value) pairs
+    sliding_window: int | None = None  # attend to the last `sliding_window` positions only (Mistral)
 
     def __post_init__(self):
+        if isinstance(self.rope_params, dict):
+            object.__setattr__(self, "rope_params", tuple(sorted(self.rope_params.items())))
+        check_rope(self.rope_type, dict(self.rope_params))
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.num_heads % self.num_kv_heads:
@@ -67,10 +82,10 @@ class RMSNorm(nn.Module):
         return (y.astype(self.dtype) * scale).astype(self.dtype)
 
 
-def _dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None) -> nn.Dense:
+def _dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None, bias: bool = False) -> nn.Dense:
     return nn.Dense(
         features,
-        use_bias=False,
+        use_bias=bias,
         dtype=cfg.jnp_dtype,
         param_dtype=cfg.jnp_dtype,
         kernel_init=nn.initializers.normal(cfg.init_std if std is None else std),
@@ -87,21 +102,28 @@ class Attention(nn.Module):
         cfg = self.cfg
         batch, length, _ = x.shape
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q = _dense(h * d, "q_proj", cfg)(x).reshape(batch, length, h, d)
-        k = _dense(kvh * d, "k_proj", cfg)(x).reshape(batch, length, kvh, d)
-        v = _dense(kvh * d, "v_proj", cfg)(x).reshape(batch, length, kvh, d)
-        inv_freq = inverse_frequencies(d, cfg.rope_theta)
+        q = _dense(h * d, "q_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, h, d)
+        k = _dense(kvh * d, "k_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
+        v = _dense(kvh * d, "v_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
+        if cfg.qk_norm:
+            q = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="q_norm")(q)
+            k = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="k_norm")(k)
+        inv_freq = inverse_frequencies(d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
         k_cache, v_cache = k_all[layer], v_all[layer]
 
         q = q.reshape(batch, length, kvh, h // kvh, d)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32) * d**-0.5
-        mask = causal_mask(positions, k_cache.shape[1])[:, None, None]
+        mask = causal_mask(positions, k_cache.shape[1])
+        if cfg.sliding_window is not None:
+            slots = jnp.arange(k_cache.shape[1], dtype=positions.dtype)[None, None, :]
+            mask = mask & (slots > positions[:, :, None] - cfg.sliding_window)
+        mask = mask[:, None, None]
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache).reshape(batch, length, h * d)
-        return _dense(cfg.hidden_size, "o_proj", cfg)(out), k_all, v_all
+        return _dense(cfg.hidden_size, "o_proj", cfg, bias=cfg.o_bias)(out), k_all, v_all
 
 
 class MLP(nn.Module):

@@ -1,0 +1,120 @@
+"""Generate the Hugging Face parity fixtures under tests/fixtures/hf/ (tiny random models + reference logits).
+
+Run with a separate venv that has torch (torch is never a jaxspec dependency):
+
+    python -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch==2.13.0 transformers safetensors numpy
+    /tmp/torchvenv/bin/python scripts/make_fixtures.py
+
+Each fixture directory holds what ``save_pretrained(..., safe_serialization=True)`` writes plus ``expected.npz``
+with ``ids [2, T]`` int32 and the float32 reference ``logits [2, T, V]`` (eager attention, float32 compute).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hf"
+SEQ = 56
+VOCAB = 64
+WEIGHT_STD = 0.15
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              max_position_embeddings=256, rms_norm_eps=1e-5, initializer_range=WEIGHT_STD,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+# name -> (config class, model class, config kwargs, options)
+FIXTURES = {
+    # Llama 2 style: GQA, untied, default RoPE
+    "llama_gqa": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                  dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), {}),
+    # Llama 3.1/3.2 style: llama3 RoPE (bands straddle original_max_position_embeddings=64 for head_dim 8),
+    # MQA, tied embeddings, attention_bias (q/k/v/o biases), a multi-id EOS in generation_config
+    "llama3_rope_mqa_tied": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                             dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True,
+                                  attention_bias=True, eos_token_id=[2, 3],
+                                  rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                                       low_freq_factor=1.0, high_freq_factor=4.0,
+                                                       original_max_position_embeddings=64)),
+                             {}),
+    # Llama 2 long-context style: linear RoPE, bf16 weights on disk, sharded with an index, a tokenizer
+    "llama_linear_bf16_sharded": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                                  dict(num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False,
+                                       rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)),
+                                  dict(bf16=True, max_shard_size="20KB", tokenizer=True)),
+    # Mistral: GQA, explicit head_dim != hidden / heads, sliding window shorter than the sequence
+    "mistral_swa": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
+                         tie_word_embeddings=False), {}),
+    # Qwen2/2.5: q/k/v biases, tied, GQA
+    "qwen2_bias_tied": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                        dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                             rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), {}),
+    # Qwen3: q/k RMSNorm per head, explicit head_dim, untied, MQA
+    "qwen3_qknorm": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+                     dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False,
+                          rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), {}),
+}
+
+
+def _perturb(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Random norm scales and biases (the default init makes them ones / zeros, which would hide mapping bugs)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=gen))
+
+
+def _tokenizer(directory: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(directory)
+
+
+def make(name: str, seed: int) -> None:
+    config_cls, model_cls, kwargs, opts = FIXTURES[name]
+    torch.manual_seed(seed)
+    config = config_cls(**{**COMMON, **kwargs})
+    config._attn_implementation = "eager"
+    model = model_cls(config).eval().float()
+    _perturb(model, torch.Generator().manual_seed(seed))
+    if opts.get("bf16"):  # round to bf16 so the float32 reference equals what the bf16 file holds
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, VOCAB, size=(2, SEQ)).astype(np.int32)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(ids).long()).logits.float().numpy()
+    directory = OUT / name
+    shutil.rmtree(directory, ignore_errors=True)
+    save = model.to(torch.bfloat16) if opts.get("bf16") else model
+    save.save_pretrained(directory, safe_serialization=True, max_shard_size=opts.get("max_shard_size", "50MB"))
+    if opts.get("tokenizer"):
+        _tokenizer(directory)
+    np.savez_compressed(directory / "expected.npz", ids=ids, logits=logits.astype(np.float32))
+    files = sorted(p.name for p in directory.iterdir())
+    print(f"{name}: logits std {logits.std():.3f}, files {files}")
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(FIXTURES)
+    for i, n in enumerate(FIXTURES):
+        if n in names:
+            make(n, seed=i)
+    total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
+    print(f"total {total / 1024:.0f} KiB in {OUT}")

@@ -1,0 +1,226 @@
+"""Hugging Face checkpoints: parity with transformers' logits (fixtures from scripts/make_fixtures.py), cached
+decoding, bf16, the RoPE registry and clear errors for what is not supported. No torch needed."""
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.models import rope
+from test_model import _decode_in_chunks
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").exists())
+SHARDED = "llama_linear_bf16_sharded"
+
+
+def _expected(name):
+    data = np.load(FIXTURES / name / "expected.npz")
+    return data["ids"], data["logits"]
+
+
+_CACHE = {}
+
+
+def _load(name, dtype="float32"):
+    if (name, dtype) not in _CACHE:
+        _CACHE[name, dtype] = jaxspec.load(FIXTURES / name, dtype=dtype)
+    return _CACHE[name, dtype]
+
+
+def test_fixtures_present():
+    assert len(NAMES) == 6, NAMES
+    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
+    assert total < 2 * 2**20
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_match_transformers(name):
+    ids, expected = _expected(name)
+    model = _load(name)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(model.params))
+    out = np.asarray(model.logits(ids))
+    assert out.shape == expected.shape
+    assert np.abs(out - expected).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cached_decoding_matches_full_pass(name):
+    ids, expected = _expected(name)
+    model = _load(name)
+    for chunk in (1, 4):  # one token at a time, and γ + 1 = 4 at a time, after ragged prompts
+        cached = _decode_in_chunks(model, ids, [11, 4], chunk)
+        np.testing.assert_allclose(cached, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_qknorm", SHARDED])
+def test_bfloat16(name):
+    ids, expected = _expected(name)
+    model = _load(name, "bfloat16")
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(model.params))
+    assert model.init_cache(1, 4).k.dtype == jnp.bfloat16
+    out = np.asarray(model.logits(ids))
+    assert out.dtype == np.float32
+    assert np.abs(out - expected).max() < 0.25
+    assert np.corrcoef(out.ravel(), expected.ravel())[0, 1] > 0.995
+
+
+def test_config_mapping():
+    q3 = _load("qwen3_qknorm").config
+    assert (q3.qk_norm, q3.head_dim, q3.num_kv_heads, q3.tie_embeddings, q3.qkv_bias) == (True, 16, 1, False, False)
+    q2 = _load("qwen2_bias_tied").config
+    assert (q2.qkv_bias, q2.o_bias, q2.tie_embeddings, q2.rope_theta) == (True, False, True, 1e6)
+    assert "lm_head" not in _load("qwen2_bias_tied").params
+    l3 = _load("llama3_rope_mqa_tied").config
+    assert l3.rope_type == "llama3" and dict(l3.rope_params)["original_max_position_embeddings"] == 64
+    assert (l3.qkv_bias, l3.o_bias) == (True, True)
+    assert _load("mistral_swa").config.sliding_window == 16
+    assert _load(SHARDED).config.rope_type == "linear"
+
+
+def test_tokenizer_and_eos():
+    model = _load(SHARDED)
+    assert model.tokenizer is not None
+    assert model.tokenizer.encode("w1 w2", add_special_tokens=False) == [5, 6]
+    assert model.eos_token_id == 2
+    assert _load("llama3_rope_mqa_tied").eos_token_id == (2, 3)  # a list in generation_config.json
+    assert _load("llama_gqa").tokenizer is None
+    assert jaxspec.load(FIXTURES / SHARDED, tokenizer=False).tokenizer is None
+
+
+def test_generate_with_loaded_models():
+    target, draft = _load(SHARDED), _load("qwen3_qknorm")
+    plain = jaxspec.generate(target, ["w1 w2 w3"], max_new_tokens=6, temperature=0.0)
+    spec = jaxspec.generate(target, ["w1 w2 w3"], draft=draft, gamma=3, max_new_tokens=6, temperature=0.0)
+    assert spec.tokens == plain.tokens and 1 <= len(plain.tokens[0]) <= 6
+    expected = np.asarray(target.logits([target.tokenizer.encode("w1 w2 w3")]))[0, -1].argmax()
+    assert plain.tokens[0][0] == expected
+    assert isinstance(plain.texts[0], str)
+
+
+def _copy(name, tmp_path) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(FIXTURES / name, dst)
+    return dst
+
+
+def _edit_config(path: Path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_legacy_rope_scaling_format(tmp_path):
+    """transformers 4 configs (and most Hub checkpoints) use top-level rope_theta + rope_scaling."""
+    path = _copy("llama3_rope_mqa_tied", tmp_path)
+    params = json.loads((path / "config.json").read_text())["rope_parameters"]
+    theta = params.pop("rope_theta")
+    params["type"] = params.pop("rope_type")  # the oldest spelling
+    _edit_config(path, rope_parameters=None, rope_theta=theta, rope_scaling=params)
+    ids, expected = _expected("llama3_rope_mqa_tied")
+    assert np.abs(np.asarray(jaxspec.load(path).logits(ids)) - expected).max() <= 1e-4
+
+
+def test_missing_config(tmp_path):
+    path = _copy("llama_gqa", tmp_path)
+    (path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        jaxspec.load(path)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        jaxspec.load(tmp_path / "nope")
+
+
+def test_unknown_model_type(tmp_path):
+    path = _copy("llama_gqa", tmp_path)
+    _edit_config(path, model_type="gpt2")
+    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2'.*'llama'.*'qwen3'"):
+        jaxspec.load(path)
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "dynamic"])
+def test_unknown_rope_type(tmp_path, rope_type):
+    path = _copy("llama_gqa", tmp_path)
+    _edit_config(path, rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0})
+    with pytest.raises(ValueError, match=rf"unsupported rope type '{rope_type}'.*'linear', 'llama3'"):
+        jaxspec.load(path)
+
+
+def test_rope_missing_parameter(tmp_path):
+    path = _copy("llama_gqa", tmp_path)
+    _edit_config(path, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0})
+    with pytest.raises(ValueError, match="'linear' needs parameter.*factor"):
+        jaxspec.load(path)
+
+
+def test_missing_shard(tmp_path):
+    path = _copy(SHARDED, tmp_path)
+    (path / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model-00002-of-00003.safetensors"):
+        jaxspec.load(path)
+
+
+def test_no_safetensors(tmp_path):
+    path = _copy("llama_gqa", tmp_path)
+    (path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        jaxspec.load(path)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "fp32", "int8"])
+def test_wrong_dtype(dtype):
+    with pytest.raises(ValueError, match=r"dtype must be one of \['float32', 'bfloat16'"):
+        jaxspec.load(FIXTURES / "llama_gqa", dtype=dtype)
+
+
+def test_config_that_does_not_match_tensors(tmp_path):
+    path = _copy("llama_gqa", tmp_path)
+    _edit_config(path, intermediate_size=48)
+    with pytest.raises(ValueError, match="does not match the config"):
+        jaxspec.load(path)
+    path = _copy("qwen2_bias_tied", tmp_path / "q")
+    _edit_config(path, model_type="llama")  # llama without attention_bias: the q/k/v biases would be dropped
+    with pytest.raises(ValueError, match="does not use.*bias"):
+        jaxspec.load(path)
+
+
+def test_unsupported_variants(tmp_path):
+    path = _copy("qwen2_bias_tied", tmp_path)
+    _edit_config(path, layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+                 sliding_window=8)
+    with pytest.raises(ValueError, match="sliding-window"):
+        jaxspec.load(path)
+    path = _copy("llama_gqa", tmp_path / "a")
+    _edit_config(path, hidden_act="gelu")
+    with pytest.raises(ValueError, match="hidden_act"):
+        jaxspec.load(path)
+
+
+def test_rope_registry_llama3_bands():
+    head_dim, theta = 64, 500000.0
+    params = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+    base = rope.inverse_frequencies(head_dim, theta)
+    scaled = rope.inverse_frequencies(head_dim, theta, "llama3", **params)
+    wavelen = 2 * np.pi / base
+    high = wavelen < 8192 / 4
+    low = wavelen > 8192 / 1
+    medium = ~high & ~low
+    assert high.any() and low.any() and medium.any()
+    np.testing.assert_array_equal(scaled[high], base[high])
+    np.testing.assert_allclose(scaled[low], base[low] / 8.0, rtol=1e-12)
+    assert np.all(scaled[medium] < base[medium]) and np.all(scaled[medium] > base[medium] / 8.0)
+    np.testing.assert_allclose(rope.inverse_frequencies(head_dim, theta, "linear", factor=4.0), base / 4.0)
+    np.testing.assert_allclose(rope.inverse_frequencies(head_dim, theta, "default"), base)
+    assert {"default", "linear", "llama3"} <= set(rope.ROPE_TYPES)
+    with pytest.raises(ValueError, match="unsupported rope type 'yarn'"):
+        rope.inverse_frequencies(head_dim, theta, "yarn", factor=2.0)
+    with pytest.raises(ValueError, match="does not take"):
+        rope.inverse_frequencies(head_dim, theta, "linear", factor=2.0, beta_fast=32)

@@ -1,0 +1,70 @@
+"""export_hf: jaxspec -> Hugging Face directory -> jaxspec gives identical parameters and logits."""
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.hf_export import export_hf
+from jaxspec.models import llama
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+            init_std=0.2)
+VARIANTS = {
+    "llama_untied": {},
+    "llama_tied_bias_llama3": dict(tie_embeddings=True, qkv_bias=True, o_bias=True, rope_type="llama3",
+                                   rope_params={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 16}),
+    "qwen2": dict(qkv_bias=True, tie_embeddings=True),
+    "qwen3": dict(qk_norm=True, head_dim=16, num_kv_heads=1),
+    "mistral": dict(sliding_window=8),
+    "bf16_linear": dict(dtype="bfloat16", rope_type="linear", rope_params={"factor": 4.0}),
+}
+
+
+def _perturbed(cfg, seed):
+    """Random weights with non-trivial norms and biases (init gives ones/zeros there)."""
+    model = llama.init(cfg, seed=seed, eos_token_id=(2, 3), name="m")
+    leaves, tree = jax.tree.flatten(model.params)
+    rng = np.random.default_rng(seed)
+    noisy = [np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(x.dtype) for x in leaves]
+    return model.replace(params=jax.tree.unflatten(tree, noisy))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_round_trip(variant, tmp_path):
+    model = _perturbed(llama.LlamaConfig(**{**BASE, **VARIANTS[variant]}), seed=len(variant))
+    back = jaxspec.load(export_hf(model, tmp_path / variant), dtype=model.config.dtype)
+    assert back.config == dataclasses.replace(model.config, init_std=back.config.init_std)  # init_std: not saved
+    assert back.eos_token_id == (2, 3)
+    for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(back.params)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ids = np.arange(40).reshape(1, 40) % 64  # past the llama3 / sliding-window thresholds
+    np.testing.assert_array_equal(np.asarray(model.logits(ids)), np.asarray(back.logits(ids)))
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.iterdir()))
+def test_reexported_fixture_matches_the_reference_logits(fixture, tmp_path):
+    """A transformers checkpoint, loaded and exported again, still gives transformers' logits."""
+    model = jaxspec.load(FIXTURES / fixture)
+    back = jaxspec.load(export_hf(model, tmp_path / fixture))
+    ref = np.load(FIXTURES / fixture / "expected.npz")
+    np.testing.assert_allclose(np.asarray(back.logits(ref["ids"])), ref["logits"], atol=1e-4)
+    if model.tokenizer is not None:
+        assert back.tokenizer.encode("def f(x):") == model.tokenizer.encode("def f(x):")
+
+
+def test_refuses_non_llama_and_non_empty(tmp_path):
+    table_model = jaxspec.CausalLM(apply_fn=lambda p, t, pos, c: (p[t], c), params=np.zeros((4, 4)),
+                                   init_cache=lambda b, n: None, vocab_size=4)
+    with pytest.raises(ValueError, match="Llama-family"):
+        export_hf(table_model, tmp_path / "x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    with pytest.raises(FileExistsError):
+        export_hf(_perturbed(llama.LlamaConfig(**BASE), 0), tmp_path / "full")
