@@ -138,7 +138,39 @@ def _per_row_ints(value, name: str, n: int, lo: int, hi: int | None = None) -> n
     return np.asarray(values, np.int64)
 
 
-def _tokenize(model: CausalLM, prompts) -> list[list[int]]:
+def _check_tokenizers(target: CausalLM, draft: CausalLM | None) -> None:
+    """Draft and target must map text to the same ids: compare their vocabularies (token -> id)."""
+    if draft is None or target.tokenizer is None or draft.tokenizer is None:
+        return
+    if target.tokenizer is draft.tokenizer:
+        return
+    vocab = getattr(target.tokenizer, "get_vocab", None)
+    other = getattr(draft.tokenizer, "get_vocab", None)
+    if vocab is None or other is None:
+        return
+    a, b = vocab(), other()
+    if a != b:
+        diff = sorted(set(a.items()) ^ set(b.items()))[:3]
+        raise ValueError(
+            f"draft tokenizer ({draft.name}) is not compatible with the target tokenizer ({target.name}): their "
+            f"vocabularies differ ({len(a)} vs {len(b)} entries; e.g. {diff}); speculation needs one shared tokenizer"
+        )
+
+
+def _apply_chat(model: CausalLM, text: str, index: int) -> list[int]:
+    tok = model.tokenizer
+    if getattr(tok, "chat_template", None) is None:
+        raise ValueError(
+            f"chat=True but {model.name}'s tokenizer has no chat template (prompts[{index}]); pass chat=False "
+            "or a tokenizer with a chat_template"
+        )
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def _tokenize(model: CausalLM, prompts, chat: bool = False) -> list[list[int]]:
     if isinstance(prompts, str):
         prompts = [prompts]
     if isinstance(prompts, np.ndarray) or isinstance(prompts, jax.Array):
@@ -157,7 +189,7 @@ def _tokenize(model: CausalLM, prompts) -> list[list[int]]:
         if isinstance(p, str):
             if model.tokenizer is None:
                 raise ValueError(f"prompts[{i}] is a string but {model.name} has no tokenizer; pass token ids")
-            p = model.tokenizer.encode(p)
+            p = _apply_chat(model, p, i) if chat else model.tokenizer.encode(p)
         if isinstance(p, np.ndarray):
             p = p.tolist()
         if not isinstance(p, Sequence) or not all(_is_int(t) for t in p):
@@ -202,6 +234,7 @@ def prepare(
     seed=0,
     max_length=None,
     acceptance=None,
+    chat=False,
 ) -> Prepared:
     """Check every argument and build the static spec and traced inputs. Raises ``ValueError`` on bad input."""
     if not isinstance(target, CausalLM):
@@ -225,7 +258,10 @@ def prepare(
     if max_length is not None and (not _is_int(max_length) or max_length < 2):
         raise ValueError(f"max_length must be None or an int >= 2, got {max_length!r}")
 
-    rows = _tokenize(target, prompts)
+    if not isinstance(chat, bool):
+        raise ValueError(f"chat must be True or False, got {chat!r}")
+    _check_tokenizers(target, draft)
+    rows = _tokenize(target, prompts, chat)
     n = len(rows)
     vocab = target.vocab_size
     for i, p in enumerate(rows):
@@ -369,6 +405,7 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | None = None, **kwar
       eos_token_id: int or ints ending a row; defaults to ``target.eos_token_id``.
       seed: int (row ``b`` uses ``fold_in(key(seed), b)``) or one int per prompt (row uses its own seed only).
       max_length: cache length (prompt + generated); default: bucketed from the prompt and ``max_new_tokens``.
+      chat: wrap each string prompt as one user turn with the tokenizer's chat template (generation prompt added).
       acceptance: advanced: the acceptance rule, a hashable ``jaxspec.acceptance.RejectionSampler`` (subclass)
         instance; the default is the exact rule.
 

@@ -1,4 +1,4 @@
-"""Test utilities: counting XLA compilations."""
+"""Test utilities: counting XLA compilations; a tiny Hugging Face tokenizer."""
 
 import contextlib
 
@@ -24,3 +24,17 @@ def count_compiles():
         yield counts
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def tiny_hf_tokenizer(text: str = "def f(x): return x + 1\n", vocab_size: int = 64):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``text`` (ids < vocab_size), EOS ``<eos>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"], show_progress=False,
+                                  initial_alphabet=[])
+    tok.train_from_iterator([text] * 50, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")

@@ -9,23 +9,11 @@ import pytest
 
 import jaxspec
 from jaxspec import checkpoint
+from helpers import tiny_hf_tokenizer
 from jaxspec.models import llama
 
 CFG = llama.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                         num_kv_heads=2, init_std=0.2)
-
-
-def _tiny_hf_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=[])
-    tok.train_from_iterator(["def f(x): return x + 1\n"] * 50, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +52,7 @@ def test_restore_into_a_sharding(saved):
 
 
 def test_tokenizer_travels_with_the_model(model, tmp_path):
-    tok = _tiny_hf_tokenizer()
+    tok = tiny_hf_tokenizer()
     path = checkpoint.save(model.replace(tokenizer=tok), tmp_path / "with_tok")
     back = checkpoint.load_orbax(path)
     text = "def f(x): return x"

@@ -163,3 +163,32 @@ def test_stats(target, perturbed_draft, mixed_prompts):
     plain = jaxspec.generate(target, mixed_prompts, max_new_tokens=16)
     assert plain.stats.mode == "plain" and plain.stats.acceptance_rate is None
     assert plain.stats.rounds == plain.stats.generated_tokens
+
+
+def test_draft_tokenizer_must_match(target, small_draft):
+    from helpers import tiny_hf_tokenizer
+
+    tok = tiny_hf_tokenizer()
+    same = jaxspec.generate(target.replace(tokenizer=tok), ["def f"], draft=small_draft.replace(tokenizer=tok),
+                            max_new_tokens=3)
+    assert len(same.tokens[0]) == 3
+    other = tiny_hf_tokenizer("print('hello world')\n")
+    with count_compiles() as counts, pytest.raises(ValueError, match="draft tokenizer .* not compatible"):
+        jaxspec.generate(target.replace(tokenizer=tok), ["def f"], draft=small_draft.replace(tokenizer=other))
+    assert counts["compiles"] == 0
+
+
+def test_chat_template(target):
+    from helpers import tiny_hf_tokenizer
+
+    tok = tiny_hf_tokenizer()
+    with pytest.raises(ValueError, match="no chat template"):
+        jaxspec.generate(target.replace(tokenizer=tok), ["def f"], chat=True)
+    tok.chat_template = "{% for m in messages %}<eos>{{ m['content'] }}<eos>{% endfor %}{% if add_generation_prompt %}def{% endif %}"
+    model = target.replace(tokenizer=tok)
+    chat = jaxspec.generate(model, ["x + 1"], chat=True, max_new_tokens=4, temperature=0.0)
+    expected_prompt = tok.encode("<eos>x + 1<eos>def")
+    plain = jaxspec.generate(model, [expected_prompt], max_new_tokens=4, temperature=0.0)
+    assert chat.tokens == plain.tokens
+    with pytest.raises(ValueError, match="chat"):
+        jaxspec.generate(model, ["x"], chat="yes")
