@@ -19,14 +19,16 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from jaxspec.model import CausalLM
-from jaxspec.models import llama
+from jaxspec.models import gpt2, llama
 
 FORMAT = 1
 META = "jaxspec.json"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 # family name -> (config class, CausalLM builder from (config, params, **kw))
-FAMILIES = {"llama": (llama.LlamaConfig, llama.from_params)}
+FAMILIES = {"llama": (llama.LlamaConfig, llama.from_params), "gpt2": (gpt2.GPT2Config, gpt2.from_params)}
+# family name -> random init_params(config, seed), used (abstractly) as the restore target
+_INIT_PARAMS = {"llama": llama.init_params, "gpt2": gpt2.init_params}
 
 
 def _family_of(config) -> str:
@@ -92,7 +94,7 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
     config_cls, build = FAMILIES[meta["family"]]
     fields = {k: _tuples(v) for k, v in meta["config"].items()}  # JSON turned tuples into lists
     config = config_cls(**{**fields, **({"dtype": dtype} if dtype else {})})
-    abstract = jax.eval_shape(lambda: llama.init_params(config, 0))
+    abstract = jax.eval_shape(lambda: _INIT_PARAMS[meta["family"]](config, 0))
     if sharding is not None:
         shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, abstract)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)

@@ -6,8 +6,8 @@ of our configs, names the checkpoint tensor behind every leaf of our params tree
 
     model = jaxspec.load("path/to/Llama-3.2-1B", dtype="bfloat16")
 
-Supported now: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``) with RoPE types ``default``,
-``linear`` and ``llama3``. Add a family with ``register_family``.
+Supported now: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``) with RoPE types
+``default``, ``linear`` and ``llama3``; GPT-2 (``gpt2``). Add a family with ``register_family``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxspec.model import CausalLM
-from jaxspec.models import llama
+from jaxspec.models import gpt2, llama
 from jaxspec.models.rope import ROPE_TYPES, check_rope
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -188,9 +188,21 @@ def _llama_config(c: dict, model_type: str, dtype: str) -> llama.LlamaConfig:
             raise ValueError(f"config.json ({model_type}) is missing {key!r}")
         return c[key]
 
-    act = c.get("hidden_act", c.get("hidden_activation", "silu"))
-    if act != "silu":
-        raise ValueError(f"hidden_act={act!r} is not supported for {model_type} (only 'silu')")
+    gemma = model_type == "gemma"
+    if gemma:
+        # Gemma checkpoints carry a legacy hidden_act="gelu" that means the tanh approximation (transformers maps
+        # it to gelu_pytorch_tanh); transformers 4 configs may set hidden_activation, which then takes precedence.
+        act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
+        if act == "gelu" and not c.get("hidden_activation"):
+            act = "gelu_pytorch_tanh"
+        if act != "gelu_pytorch_tanh":
+            raise ValueError(f"hidden_act={act!r} is not supported for gemma (only 'gelu_pytorch_tanh')")
+        if c.get("use_bidirectional_attention"):
+            raise ValueError("use_bidirectional_attention=True is not supported for gemma (causal attention only)")
+    else:
+        act = c.get("hidden_act", c.get("hidden_activation", "silu"))
+        if act != "silu":
+            raise ValueError(f"hidden_act={act!r} is not supported for {model_type} (only 'silu')")
     if c.get("mlp_bias"):
         raise ValueError(f"mlp_bias=True is not supported for {model_type}")
     layer_types = c.get("layer_types") or []
@@ -209,7 +221,7 @@ def _llama_config(c: dict, model_type: str, dtype: str) -> llama.LlamaConfig:
         head_dim=c.get("head_dim") or None,
         rope_theta=theta,
         rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(c.get("tie_word_embeddings", gemma)),
         dtype=dtype,
         qkv_bias=True if model_type == "qwen2" else attention_bias,
         o_bias=False if model_type == "qwen2" else attention_bias,
@@ -217,6 +229,9 @@ def _llama_config(c: dict, model_type: str, dtype: str) -> llama.LlamaConfig:
         rope_type=rope_type,
         rope_params=rope_params,
         sliding_window=c.get("sliding_window") if model_type == "mistral" else None,
+        norm_offset=1.0 if gemma else 0.0,
+        embed_scale=gemma,
+        mlp_activation="gelu_tanh" if gemma else "silu",
     )
 
 
@@ -258,9 +273,69 @@ def _llama_ignored(cfg: llama.LlamaConfig, name: str) -> bool:
 
 
 register_family(
-    ("llama", "mistral", "qwen2", "qwen3"),
+    ("llama", "mistral", "qwen2", "qwen3", "gemma"),
     Family(_llama_config, _llama_tensors, _llama_abstract, llama.from_params, _llama_ignored),
 )
+
+
+# ----------------------------------------------------------------------------------------------- GPT-2
+
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+
+
+def _gpt2_config(c: dict, model_type: str, dtype: str) -> gpt2.GPT2Config:
+    for key in ("vocab_size", "n_embd", "n_layer", "n_head"):
+        if c.get(key) is None:
+            raise ValueError(f"config.json ({model_type}) is missing {key!r}")
+    act = c.get("activation_function", "gelu_new")
+    if act not in _GPT2_ACTIVATIONS:
+        raise ValueError(f"activation_function={act!r} is not supported for gpt2; supported: {sorted(_GPT2_ACTIVATIONS)}")
+    for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+        if c.get(key):
+            raise ValueError(f"{key}=True is not supported for gpt2")
+    if c.get("tie_word_embeddings", True) is False:
+        raise ValueError("tie_word_embeddings=False is not supported for gpt2 (the LM head is the token embedding)")
+    return gpt2.GPT2Config(
+        vocab_size=int(c["vocab_size"]),
+        hidden_size=int(c["n_embd"]),
+        num_layers=int(c["n_layer"]),
+        num_heads=int(c["n_head"]),
+        max_positions=int(c.get("n_positions") or 1024),
+        intermediate_size=c.get("n_inner") or None,
+        layer_norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
+        activation=_GPT2_ACTIVATIONS[act],
+        scale_attn_weights=bool(c.get("scale_attn_weights", True)),
+        dtype=dtype,
+    )
+
+
+def _gpt2_tensors(cfg: gpt2.GPT2Config) -> list[Tensor]:
+    """HF GPT-2 uses Conv1D, whose weights are already [in, out]: nothing is transposed."""
+
+    def per_layer(hf: str, path: tuple[str, ...]) -> Tensor:
+        return Tensor(("layers", *path), tuple(f"transformer.h.{i}.{hf}" for i in range(cfg.num_layers)), False, True)
+
+    out = [
+        Tensor(("wte", "embedding"), ("transformer.wte.weight",)),
+        Tensor(("wpe", "embedding"), ("transformer.wpe.weight",)),
+        Tensor(("ln_f", "scale"), ("transformer.ln_f.weight",)),
+        Tensor(("ln_f", "bias"), ("transformer.ln_f.bias",)),
+    ]
+    for ln in ("ln_1", "ln_2"):
+        out.append(per_layer(f"{ln}.weight", (ln, "scale")))
+        out.append(per_layer(f"{ln}.bias", (ln, "bias")))
+    for module, dense in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
+        out.append(per_layer(f"{module}.{dense}.weight", (module, dense, "kernel")))
+        out.append(per_layer(f"{module}.{dense}.bias", (module, dense, "bias")))
+    return out
+
+
+def _gpt2_ignored(cfg: gpt2.GPT2Config, name: str) -> bool:
+    # the tied LM head, and the causal-mask buffers older checkpoints saved (attn.bias, attn.masked_bias)
+    return name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias"))
+
+
+register_family("gpt2", Family(_gpt2_config, _gpt2_tensors, gpt2.abstract_params, gpt2.from_params, _gpt2_ignored))
 
 
 # ----------------------------------------------------------------------------------------------- loading

@@ -1,6 +1,6 @@
 """Export a jaxspec model as a Hugging Face directory (``config.json`` + ``model.safetensors`` + tokenizer).
 
-The inverse of ``jaxspec.hf.load`` for the Llama family, through the same name map, so a round trip
+The inverse of ``jaxspec.hf.load`` for the Llama family (Gemma included), through the same name map, so a round trip
 jaxspec -> HF directory -> jaxspec gives identical parameters.
 """
 
@@ -18,7 +18,7 @@ from jaxspec.models import llama
 
 _ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}
+                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM"}
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
@@ -40,6 +40,21 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
 
 
 def _model_type(cfg: llama.LlamaConfig) -> str:
+    gemma = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (1.0, True, "gelu_tanh")
+    llama_like = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (0.0, False, "silu")
+    if gemma:
+        if cfg.qk_norm or cfg.sliding_window is not None or cfg.qkv_bias != cfg.o_bias:
+            raise ValueError(
+                "export_hf: a Gemma-style model (norm_offset=1, embed_scale, gelu_tanh MLP) with qk_norm, a sliding "
+                "window or q/k/v biases without an output bias has no Hugging Face model_type"
+            )
+        return "gemma"
+    if not llama_like:
+        raise ValueError(
+            f"export_hf: norm_offset={cfg.norm_offset}, embed_scale={cfg.embed_scale}, "
+            f"mlp_activation={cfg.mlp_activation!r} match no Hugging Face model_type (Llama family: 0.0/False/'silu'; "
+            "Gemma: 1.0/True/'gelu_tanh')"
+        )
     if cfg.qk_norm:
         return "qwen3"
     if cfg.qkv_bias and not cfg.o_bias:
@@ -71,8 +86,10 @@ def _hf_config(cfg: llama.LlamaConfig, eos) -> dict:
         "torch_dtype": cfg.dtype,
         "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
     }
-    if model_type == "llama":
+    if model_type in ("llama", "gemma"):
         config["attention_bias"] = cfg.o_bias
+    if model_type == "gemma":
+        config["hidden_act"] = config["hidden_activation"] = "gelu_pytorch_tanh"
     if model_type == "mistral":
         config["sliding_window"] = cfg.sliding_window
     if model_type == "qwen2":

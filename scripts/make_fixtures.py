@@ -28,6 +28,8 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden
               max_position_embeddings=256, rms_norm_eps=1e-5, initializer_range=WEIGHT_STD,
               bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
+GPT2_COMMON = dict(vocab_size=VOCAB, initializer_range=WEIGHT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
 # name -> (config class, model class, config kwargs, options)
 FIXTURES = {
     # Llama 2 style: GQA, untied, default RoPE
@@ -59,15 +61,24 @@ FIXTURES = {
     "qwen3_qknorm": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
                      dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False,
                           rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), {}),
+    # Gemma: (1 + w) RMSNorm, sqrt(hidden)-scaled embeddings, GeGLU (tanh), tied, GQA, explicit head_dim
+    "gemma_gqa_tied": (transformers.GemmaConfig, transformers.GemmaForCausalLM,
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                            hidden_act="gelu_pytorch_tanh", rms_norm_eps=1e-6), {}),
+    # GPT-2: learned positions, LayerNorm with bias, fused c_attn (Conv1D), gelu_new, tied, n_inner set
+    "gpt2_tied": (transformers.GPT2Config, transformers.GPT2LMHeadModel,
+                  dict(n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=128, layer_norm_epsilon=1e-5,
+                       activation_function="gelu_new", tie_word_embeddings=True), {"gpt2": True}),
 }
 
 
 def _perturb(model: torch.nn.Module, gen: torch.Generator) -> None:
     """Random norm scales and biases (the default init makes them ones / zeros, which would hide mapping bugs)."""
+    gemma = model.config.model_type == "gemma"
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            if ("norm" in name or ".ln_" in name) and not name.endswith(".bias"):  # Gemma scales by (1 + w): centre its w on 0 so the effective scale is the same
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen) - (1.0 if gemma else 0.0))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
             else:
@@ -88,7 +99,8 @@ def _tokenizer(directory: Path) -> None:
 def make(name: str, seed: int) -> None:
     config_cls, model_cls, kwargs, opts = FIXTURES[name]
     torch.manual_seed(seed)
-    config = config_cls(**{**COMMON, **kwargs})
+    common = GPT2_COMMON if opts.get("gpt2") else COMMON
+    config = config_cls(**{**common, **kwargs})
     config._attn_implementation = "eager"
     model = model_cls(config).eval().float()
     _perturb(model, torch.Generator().manual_seed(seed))

@@ -115,3 +115,20 @@ def test_jaxspec_load_dispatches(saved, tmp_path):
     assert back.config == hf_model.config
     with pytest.raises(ValueError, match="sharding"):
         jaxspec.load(hf_dir, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+
+
+def test_gpt2_round_trip(tmp_path):
+    from jaxspec.models import gpt2
+
+    cfg = gpt2.GPT2Config(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, max_positions=32, init_std=0.2)
+    model = gpt2.init(cfg, seed=1, eos_token_id=2, name="tiny-gpt2")
+    path = checkpoint.save(model, tmp_path / "gpt2")
+    assert json.loads((path / "jaxspec.json").read_text())["family"] == "gpt2"
+    back = jaxspec.load(path)
+    assert back.config == cfg and back.eos_token_id == 2 and back.name == "tiny-gpt2"
+    for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(back.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ids = np.arange(20).reshape(1, 20) % 64
+    np.testing.assert_array_equal(np.asarray(model.logits(ids)), np.asarray(back.logits(ids)))
+    half = checkpoint.load_orbax(path, dtype="bfloat16")
+    assert all(x.dtype == jax.numpy.bfloat16 for x in jax.tree.leaves(half.params))

@@ -34,7 +34,7 @@ def _load(name, dtype="float32"):
 
 
 def test_fixtures_present():
-    assert len(NAMES) == 6, NAMES
+    assert len(NAMES) == 8, NAMES
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
     assert total < 2 * 2**20
 
@@ -58,7 +58,7 @@ def test_cached_decoding_matches_full_pass(name):
         np.testing.assert_allclose(cached, expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_qknorm", SHARDED])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_qknorm", SHARDED, "gemma_gqa_tied", "gpt2_tied"])
 def test_bfloat16(name):
     ids, expected = _expected(name)
     model = _load(name, "bfloat16")
@@ -81,6 +81,41 @@ def test_config_mapping():
     assert (l3.qkv_bias, l3.o_bias) == (True, True)
     assert _load("mistral_swa").config.sliding_window == 16
     assert _load(SHARDED).config.rope_type == "linear"
+    g = _load("gemma_gqa_tied").config
+    assert (g.norm_offset, g.embed_scale, g.mlp_activation, g.tie_embeddings, g.head_dim) == (
+        1.0, True, "gelu_tanh", True, 16)
+    assert (l3.norm_offset, l3.embed_scale, l3.mlp_activation) == (0.0, False, "silu")
+    assert "lm_head" not in _load("gemma_gqa_tied").params
+
+
+def test_gpt2_config_and_variants(tmp_path):
+    model = _load("gpt2_tied")
+    c = model.config
+    assert (c.hidden_size, c.num_layers, c.num_heads, c.intermediate_size, c.max_positions, c.activation) == (
+        32, 2, 4, 64, 128, "gelu_tanh")
+    assert set(model.params) == {"wte", "wpe", "layers", "ln_f"} and model.eos_token_id == 2
+    for i, changes in enumerate([dict(activation_function="relu"), dict(scale_attn_by_inverse_layer_idx=True),
+                                 dict(tie_word_embeddings=False)]):
+        path = _copy("gpt2_tied", tmp_path / str(i))
+        _edit_config(path, **changes)
+        with pytest.raises(ValueError, match="not supported for gpt2"):
+            jaxspec.load(path)
+
+
+def test_gemma_activation_spellings(tmp_path):
+    """Hub Gemma configs carry the legacy hidden_act="gelu" (meaning tanh) and/or hidden_activation."""
+    ids, expected = _expected("gemma_gqa_tied")
+    for i, changes in enumerate([dict(hidden_act="gelu"), dict(hidden_act="gelu", hidden_activation="gelu_pytorch_tanh"),
+                                 dict(hidden_act=None)]):
+        path = _copy("gemma_gqa_tied", tmp_path / str(i))
+        _edit_config(path, **changes)
+        assert np.abs(np.asarray(jaxspec.load(path).logits(ids)) - expected).max() <= 1e-4
+    for i, changes in enumerate([dict(hidden_act="silu"), dict(hidden_activation="gelu"),
+                                 dict(use_bidirectional_attention=True)]):
+        path = _copy("gemma_gqa_tied", tmp_path / f"bad{i}")
+        _edit_config(path, **changes)
+        with pytest.raises(ValueError, match="not supported for gemma"):
+            jaxspec.load(path)
 
 
 def test_tokenizer_and_eos():
@@ -141,8 +176,8 @@ def test_missing_config(tmp_path):
 
 def test_unknown_model_type(tmp_path):
     path = _copy("llama_gqa", tmp_path)
-    _edit_config(path, model_type="gpt2")
-    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2'.*'llama'.*'qwen3'"):
+    _edit_config(path, model_type="mamba")
+    with pytest.raises(ValueError, match=r"unsupported model_type 'mamba'.*'gemma'.*'llama'.*'qwen3'"):
         jaxspec.load(path)
 
 

@@ -1,8 +1,9 @@
-"""Llama-family decoder in Flax: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""Llama-family decoder in Flax: RMSNorm, RoPE, grouped-query attention, SwiGLU (or GeGLU).
 
 Config switches cover the Llama-family variants ``jaxspec.load`` reads: q/k/v (and output) projection biases
 (Qwen2, ``attention_bias``), per-head q/k RMSNorm before RoPE (Qwen3), RoPE types from ``models.rope`` (linear,
-llama3) and a sliding attention window (Mistral).
+llama3), a sliding attention window (Mistral) and Gemma's (1 + w) RMSNorm, sqrt(hidden)-scaled embeddings and
+GeGLU MLP.
 
 Layers are stacked with ``nn.scan`` so compile time does not grow with depth; every layer weight carries a
 leading ``[layers]`` axis and the KV cache is one ``KVCache`` with ``[layers, B, S, kv_heads, head_dim]``,
@@ -23,6 +24,7 @@ from jaxspec.model import CausalLM
 from jaxspec.models.rope import apply_rope, check_rope, inverse_frequencies
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": functools.partial(nn.gelu, approximate=True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +47,16 @@ class LlamaConfig:
     rope_type: str = "default"  # a key of jaxspec.models.rope.ROPE_TYPES
     rope_params: tuple[tuple[str, float], ...] = ()  # that type's parameters as sorted (name, value) pairs
     sliding_window: int | None = None  # attend to the last `sliding_window` positions only (Mistral)
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w), computed in float32 (Gemma: 1.0)
+    embed_scale: bool = False  # multiply embeddings by sqrt(hidden_size), in the activation dtype (Gemma)
+    mlp_activation: str = "silu"  # gated-MLP activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
 
     def __post_init__(self):
         if isinstance(self.rope_params, dict):
             object.__setattr__(self, "rope_params", tuple(sorted(self.rope_params.items())))
         check_rope(self.rope_type, dict(self.rope_params))
+        if self.mlp_activation not in _ACTIVATIONS:
+            raise ValueError(f"mlp_activation must be one of {sorted(_ACTIVATIONS)}, got {self.mlp_activation!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
         if self.dtype not in _DTYPES:
@@ -73,13 +80,21 @@ class LlamaConfig:
 class RMSNorm(nn.Module):
     eps: float
     dtype: jnp.dtype
+    offset: float = 0.0  # 0: Llama's w * y.astype(dtype); else Gemma's ((offset + w) * y in float32).astype(dtype)
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        init = nn.initializers.zeros if self.offset else nn.initializers.ones  # either way the init scale is 1
+        scale = self.param("scale", init, (x.shape[-1],), self.dtype)
         xf = x.astype(jnp.float32)
         y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.offset:
+            return (y * (self.offset + scale.astype(jnp.float32))).astype(self.dtype)
         return (y.astype(self.dtype) * scale).astype(self.dtype)
+
+
+def _norm(cfg: "LlamaConfig", name: str) -> RMSNorm:
+    return RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset, name=name)
 
 
 def _dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None, bias: bool = False) -> nn.Dense:
@@ -106,8 +121,8 @@ class Attention(nn.Module):
         k = _dense(kvh * d, "k_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
         v = _dense(kvh * d, "v_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
         if cfg.qk_norm:
-            q = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="q_norm")(q)
-            k = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="k_norm")(k)
+            q = _norm(cfg, "q_norm")(q)
+            k = _norm(cfg, "k_norm")(k)
         inv_freq = inverse_frequencies(d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
@@ -134,7 +149,7 @@ class MLP(nn.Module):
         cfg = self.cfg
         gate = _dense(cfg.intermediate_size, "gate_proj", cfg)(x)
         up = _dense(cfg.intermediate_size, "up_proj", cfg)(x)
-        return _dense(cfg.hidden_size, "down_proj", cfg)(nn.silu(gate) * up)
+        return _dense(cfg.hidden_size, "down_proj", cfg)(_ACTIVATIONS[cfg.mlp_activation](gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -145,10 +160,10 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         x, k_all, v_all = carry
         attn, k_all, v_all = Attention(cfg, name="attn")(
-            RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="input_norm")(x), positions, k_all, v_all, layer
+            _norm(cfg, "input_norm")(x), positions, k_all, v_all, layer
         )
         x = x + attn
-        x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="post_attn_norm")(x))
+        x = x + MLP(cfg, name="mlp")(_norm(cfg, "post_attn_norm")(x))
         return (x, k_all, v_all), None
 
 
@@ -167,6 +182,8 @@ class Llama(nn.Module):
             name="embed",
         )
         x = embed(tokens)
+        if cfg.embed_scale:  # like transformers: sqrt(hidden) rounded to the activation dtype first
+            x = x * jnp.asarray(cfg.hidden_size**0.5, cfg.jnp_dtype)
         layers = nn.scan(
             DecoderLayer,
             variable_axes={"params": 0},
@@ -178,7 +195,7 @@ class Llama(nn.Module):
         # The whole cache rides in the scan carry and each layer scatters its new entries in place: passing it as
         # scanned inputs/outputs would make XLA build a second full cache every step.
         (x, k, v), _ = layers((x, cache.k, cache.v), jnp.arange(cfg.num_layers), positions)
-        x = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="final_norm")(x)
+        x = _norm(cfg, "final_norm")(x)
         if cfg.tie_embeddings:
             logits = embed.attend(x)
         else:

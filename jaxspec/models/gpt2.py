@@ -1,0 +1,207 @@
+"""GPT-2 decoder in Flax: learned position embeddings, pre-LayerNorm (with bias), fused q/k/v projection, GELU MLP,
+biases everywhere and an LM head tied to the token embeddings.
+
+Same contract and cache design as ``models.llama``: layers are stacked with ``nn.scan`` (every layer weight has a
+leading ``[layers]`` axis) and the KV cache is one ``KVCache`` with ``[layers, B, S, heads, head_dim]``, carried
+through the scan and updated in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxspec.cache import KVCache, causal_mask, write_layer
+from jaxspec.model import CausalLM
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_ACTIVATIONS = {"gelu_tanh": functools.partial(nn.gelu, approximate=True),
+                "gelu": functools.partial(nn.gelu, approximate=False)}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Config:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    max_positions: int = 1024  # rows of the learned position table (n_positions)
+    intermediate_size: int | None = None  # None: 4 * hidden_size (n_inner)
+    layer_norm_eps: float = 1e-5
+    activation: str = "gelu_tanh"  # "gelu_tanh" (HF gelu_new / gelu_pytorch_tanh) or "gelu" (exact)
+    scale_attn_weights: bool = True  # scores / sqrt(head_dim)
+    dtype: str = "float32"  # weights, activations and cache; logits are always float32
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")
+        if self.intermediate_size is None:
+            object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+
+class LayerNorm(nn.Module):
+    eps: float
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), self.dtype)
+        xf = x.astype(jnp.float32)
+        mean = jnp.mean(xf, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+        y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)
+
+
+def _dense(features: int, name: str, cfg: GPT2Config) -> nn.Dense:
+    return nn.Dense(
+        features,
+        dtype=cfg.jnp_dtype,
+        param_dtype=cfg.jnp_dtype,
+        kernel_init=nn.initializers.normal(cfg.init_std),
+        name=name,
+    )
+
+
+class Attention(nn.Module):
+    cfg: GPT2Config
+
+    @nn.compact
+    def __call__(self, x, positions, k_all, v_all, layer):
+        """``k_all, v_all [layers, B, S, heads, head_dim]`` are updated in place at ``layer``."""
+        cfg = self.cfg
+        batch, length, _ = x.shape
+        h, d = cfg.num_heads, cfg.head_dim
+        qkv = _dense(3 * cfg.hidden_size, "c_attn", cfg)(x)
+        q, k, v = (t.reshape(batch, length, h, d) for t in jnp.split(qkv, 3, axis=-1))
+        k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
+        k_cache, v_cache = k_all[layer], v_all[layer]
+        scores = jnp.einsum("bthd,bshd->bhts", q, k_cache, preferred_element_type=jnp.float32)
+        if cfg.scale_attn_weights:
+            scores = scores * d**-0.5
+        mask = causal_mask(positions, k_cache.shape[1])[:, None]
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
+        out = jnp.einsum("bhts,bshd->bthd", probs, v_cache).reshape(batch, length, h * d)
+        return _dense(cfg.hidden_size, "c_proj", cfg)(out), k_all, v_all
+
+
+class MLP(nn.Module):
+    cfg: GPT2Config
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.cfg
+        hidden = _ACTIVATIONS[cfg.activation](_dense(cfg.intermediate_size, "c_fc", cfg)(x))
+        return _dense(cfg.hidden_size, "c_proj", cfg)(hidden)
+
+
+class Block(nn.Module):
+    cfg: GPT2Config
+
+    @nn.compact
+    def __call__(self, carry, layer, positions):
+        cfg = self.cfg
+        x, k_all, v_all = carry
+        attn, k_all, v_all = Attention(cfg, name="attn")(
+            LayerNorm(cfg.layer_norm_eps, cfg.jnp_dtype, name="ln_1")(x), positions, k_all, v_all, layer
+        )
+        x = x + attn
+        x = x + MLP(cfg, name="mlp")(LayerNorm(cfg.layer_norm_eps, cfg.jnp_dtype, name="ln_2")(x))
+        return (x, k_all, v_all), None
+
+
+class GPT2(nn.Module):
+    cfg: GPT2Config
+
+    @nn.compact
+    def __call__(self, tokens, positions, cache: KVCache):
+        cfg = self.cfg
+
+        def embed(n, name, std):
+            return nn.Embed(n, cfg.hidden_size, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype,
+                            embedding_init=nn.initializers.normal(std), name=name)
+
+        wte = embed(cfg.vocab_size, "wte", cfg.init_std)
+        # Positions past the table (only reachable beyond max_positions) clamp to its last row.
+        x = wte(tokens) + embed(cfg.max_positions, "wpe", cfg.init_std / 2)(jnp.minimum(positions, cfg.max_positions - 1))
+        layers = nn.scan(
+            Block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast),
+            out_axes=0,
+            length=cfg.num_layers,
+        )(cfg, name="layers")
+        # As in llama.py: the whole cache rides in the scan carry and each layer scatters into it in place.
+        (x, k, v), _ = layers((x, cache.k, cache.v), jnp.arange(cfg.num_layers), positions)
+        x = LayerNorm(cfg.layer_norm_eps, cfg.jnp_dtype, name="ln_f")(x)
+        return wte.attend(x).astype(jnp.float32), KVCache(k, v)
+
+
+@functools.lru_cache(maxsize=None)
+def model_fns(cfg: GPT2Config):
+    """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared."""
+    module = GPT2(cfg)
+
+    def apply_fn(params, tokens, positions, cache):
+        return module.apply({"params": params}, tokens, positions, cache)
+
+    def init_cache(batch_size: int, max_length: int) -> KVCache:
+        return KVCache.zeros(cfg.num_layers, batch_size, max_length, cfg.num_heads, cfg.head_dim, cfg.jnp_dtype)
+
+    return apply_fn, init_cache
+
+
+def abstract_params(cfg: GPT2Config):
+    _, init_cache = model_fns(cfg)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return jax.eval_shape(GPT2(cfg).init, jax.random.key(0), tokens, tokens, init_cache(1, 1))["params"]
+
+
+def init_params(cfg: GPT2Config, seed: int = 0):
+    """Random parameters (normal(init_std) weights, unit LayerNorm scales, zero biases)."""
+    _, init_cache = model_fns(cfg)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return jax.jit(GPT2(cfg).init)(jax.random.key(seed), tokens, tokens, init_cache(1, 1))["params"]
+
+
+def from_params(cfg: GPT2Config, params, *, tokenizer=None, eos_token_id=None, name="gpt2") -> CausalLM:
+    apply_fn, init_cache = model_fns(cfg)
+    return CausalLM(
+        apply_fn=apply_fn,
+        params=params,
+        init_cache=init_cache,
+        vocab_size=cfg.vocab_size,
+        tokenizer=tokenizer,
+        config=cfg,
+        eos_token_id=eos_token_id,
+        name=name,
+    )
+
+
+def init(cfg: GPT2Config, seed: int = 0, **kwargs) -> CausalLM:
+    """A randomly initialized GPT-2 ``CausalLM``."""
+    return from_params(cfg, init_params(cfg, seed), **kwargs)
