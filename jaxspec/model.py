@@ -59,6 +59,13 @@ class CausalLM:
         if not isinstance(self.vocab_size, int) or self.vocab_size < 1:
             raise ValueError(f"CausalLM(vocab_size=...) must be a positive int, got {self.vocab_size!r}")
 
+    @classmethod
+    def from_config(cls, fns: tuple[ApplyFn, InitCacheFn], config, params, **kwargs) -> "CausalLM":
+        """A built-in family's model: ``fns = (apply_fn, init_cache)`` for ``config`` (which has ``vocab_size``)."""
+        apply_fn, init_cache = fns
+        return cls(apply_fn=apply_fn, params=params, init_cache=init_cache, vocab_size=config.vocab_size,
+                   config=config, **kwargs)
+
     def replace(self, **changes) -> "CausalLM":
         return dataclasses.replace(self, **changes)
 

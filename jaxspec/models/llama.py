@@ -228,17 +228,7 @@ def init_params(cfg: LlamaConfig, seed: int = 0):
 
 
 def from_params(cfg: LlamaConfig, params, *, tokenizer=None, eos_token_id=None, name="llama") -> CausalLM:
-    apply_fn, init_cache = model_fns(cfg)
-    return CausalLM(
-        apply_fn=apply_fn,
-        params=params,
-        init_cache=init_cache,
-        vocab_size=cfg.vocab_size,
-        tokenizer=tokenizer,
-        config=cfg,
-        eos_token_id=eos_token_id,
-        name=name,
-    )
+    return CausalLM.from_config(model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name)
 
 
 def init(cfg: LlamaConfig, seed: int = 0, **kwargs) -> CausalLM:
