@@ -2,7 +2,8 @@
 
 Public API: ``CausalLM`` (the model contract), ``generate`` and ``stream`` (plain or speculative decoding),
 ``models.llama`` (a built-in Llama-family decoder), ``load`` (jaxspec orbax checkpoints and Hugging Face
-safetensors directories), ``save`` (orbax) and ``export_hf``.
+safetensors directories), ``save`` (orbax) and ``export_hf``; ``sharding`` (meshes, ``shard``, ``plan``) and
+``multihost`` (``share_prompts``) for generation across devices and processes.
 """
 
 from jaxspec.generate import (
@@ -19,6 +20,8 @@ from jaxspec.checkpoint import load, save
 from jaxspec.hf_export import export_hf
 from jaxspec.model import CausalLM
 from jaxspec.models import llama
+from jaxspec import multihost, sharding
+from jaxspec.sharding import shard
 
 __all__ = [
     "CausalLM",
@@ -32,7 +35,10 @@ __all__ = [
     "generate",
     "llama",
     "load",
+    "multihost",
     "save",
+    "shard",
+    "sharding",
     "stream",
 ]
 __version__ = "0.1.0"

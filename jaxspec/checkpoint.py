@@ -72,12 +72,13 @@ def is_orbax_model(directory: str | Path) -> bool:
     return (Path(directory) / META).is_file()
 
 
-def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = None) -> CausalLM:
+def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = None, mesh: Any = None) -> CausalLM:
     """Restore a model saved by ``save``.
 
     ``dtype`` casts the parameters ("float32", "bfloat16", "float16"); ``sharding`` is a pytree of
     ``jax.sharding.Sharding`` matching the parameters (or one sharding for all), used as the restore target so
-    every array lands directly in its layout.
+    every array lands directly in its layout. ``mesh`` (a ``Mesh`` or ``{"data": d, "model": m}``) computes that
+    pytree from the family's logical axes (``jaxspec.sharding``).
     """
     directory = Path(directory).resolve()
     if dtype is not None and dtype not in DTYPES:
@@ -95,6 +96,14 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
     fields = {k: _tuples(v) for k, v in meta["config"].items()}  # JSON turned tuples into lists
     config = config_cls(**{**fields, **({"dtype": dtype} if dtype else {})})
     abstract = jax.eval_shape(lambda: _INIT_PARAMS[meta["family"]](config, 0))
+    if mesh is not None:
+        if sharding is not None:
+            raise ValueError("pass either sharding= or mesh=, not both")
+        from jaxspec import sharding as sharding_rules
+
+        axes = build(config, abstract).param_axes
+        sharding = sharding_rules.plan_params(abstract, axes, config, sharding_rules.make_mesh(mesh),
+                                              name=meta.get("name", "model")).shardings
     if sharding is not None:
         shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, abstract)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
@@ -115,15 +124,18 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
                  name=meta.get("name", "model"))
 
 
-def load(path: str | Path, dtype: str | None = None, *, sharding: Any = None, **hf_kwargs) -> CausalLM:
+def load(path: str | Path, dtype: str | None = None, *, sharding: Any = None, mesh: Any = None,
+         **hf_kwargs) -> CausalLM:
     """Load a model directory: a jaxspec checkpoint (``save``) or a Hugging Face directory (``jaxspec.hf.load``).
 
-    ``dtype`` None keeps a jaxspec checkpoint's dtype and loads Hugging Face weights as float32.
+    ``dtype`` None keeps a jaxspec checkpoint's dtype and loads Hugging Face weights as float32. ``mesh`` places
+    every weight straight into its sharding on that mesh (``jaxspec.sharding``); ``sharding`` (orbax only) gives
+    the shardings explicitly.
     """
     if is_orbax_model(path):
-        return load_orbax(path, dtype, sharding)
+        return load_orbax(path, dtype, sharding, mesh)
     if sharding is not None:
-        raise ValueError("sharding= is supported for jaxspec (orbax) checkpoints only; got a non-orbax directory")
+        raise ValueError("sharding= is supported for jaxspec (orbax) checkpoints only; use mesh= for any directory")
     from jaxspec import hf
 
-    return hf.load(path, dtype or "float32", **hf_kwargs)
+    return hf.load(path, dtype or "float32", mesh=mesh, **hf_kwargs)

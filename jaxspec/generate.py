@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import loop
+from jaxspec import loop, sharding
 from jaxspec.model import CausalLM
 from jaxspec.sampling import SamplingParams
 
@@ -218,6 +218,7 @@ class Prepared:
     inputs: loop.LoopInputs
     num_rows: int
     tokenizer: object
+    shard_draft: bool = False
 
 
 def prepare(
@@ -235,6 +236,8 @@ def prepare(
     max_length=None,
     acceptance=None,
     chat=False,
+    mesh=None,
+    shard_draft=False,
 ) -> Prepared:
     """Check every argument and build the static spec and traced inputs. Raises ``ValueError`` on bad input."""
     if not isinstance(target, CausalLM):
@@ -260,6 +263,9 @@ def prepare(
 
     if not isinstance(chat, bool):
         raise ValueError(f"chat must be True or False, got {chat!r}")
+    mesh = sharding.make_mesh(mesh)
+    if not isinstance(shard_draft, bool):
+        raise ValueError(f"shard_draft must be True or False, got {shard_draft!r}")
     _check_tokenizers(target, draft)
     rows = _tokenize(target, prompts, chat)
     n = len(rows)
@@ -297,6 +303,8 @@ def prepare(
         cache_len = max_length
     plen = min(_next_pow2(int(lengths.max()), 8), cache_len)
     batch = bucket_batch(n)
+    data = sharding.axis_size(mesh, "data")
+    batch = -(-batch // data) * data  # the batch splits evenly over the data axis
     prompt = np.zeros((batch, plen), np.int32)
     for i, p in enumerate(rows):
         prompt[i, : len(p)] = p
@@ -311,6 +319,7 @@ def prepare(
         draft_init_cache=None if draft is None else draft.init_cache,
         gamma=g,
         cache_len=cache_len,
+        mesh=mesh,
         **({} if acceptance is None else {"acceptance": acceptance}),
     )
     inputs = loop.LoopInputs(
@@ -323,7 +332,33 @@ def prepare(
         eos=jnp.asarray(eos_arr),
         sampling=SamplingParams.create(temperature, top_k, top_p),
     )
-    return Prepared(spec, inputs, n, target.tokenizer)
+    if mesh is not None:
+        inputs = _place_inputs(inputs, mesh)
+    return Prepared(spec, inputs, n, target.tokenizer, shard_draft)
+
+
+def _place_inputs(inputs: loop.LoopInputs, mesh) -> loop.LoopInputs:
+    """Per-row inputs split over ``data``; EOS ids and sampling parameters replicated (every process passes the
+    same host values and supplies its own shards)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    def place(field, value):
+        if field in ("eos", "sampling"):
+            return jax.tree.map(lambda x: sharding.put(np.asarray(x), NamedSharding(mesh, P())), value)
+        return sharding.put(np.asarray(value), NamedSharding(mesh, sharding.batch_spec(np.ndim(value))))
+
+    return loop.LoopInputs(**{f.name: place(f.name, getattr(inputs, f.name)) for f in dataclasses.fields(inputs)})
+
+
+def _on_mesh(prep: Prepared, target: CausalLM, draft: CausalLM | None):
+    """Target params sharded by their logical axes; the draft's replicated (or sharded too with ``shard_draft``)."""
+    mesh = prep.spec.mesh
+    if mesh is None:
+        return target.params, None if draft is None else draft.params
+    target = sharding.shard(target, mesh)
+    if draft is not None:
+        draft = sharding.shard(draft, mesh, replicate=not prep.shard_draft)
+    return target.params, None if draft is None else draft.params
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -334,7 +369,7 @@ def _decode(tokenizer, ids: list[int]) -> str:
 
 
 def _result(prep: Prepared, state: loop.State, wall: float, compile_s: float, names) -> GenerationResult:
-    host = jax.device_get(
+    host = sharding.to_host(
         (state.tokens, state.logprobs, state.length, state.prompt_len, state.finish, state.rounds,
          state.drafted, state.accepted, state.accept_hist, state.bad_target, state.bad_draft)
     )
@@ -408,16 +443,20 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | None = None, **kwar
       chat: wrap each string prompt as one user turn with the tokenizer's chat template (generation prompt added).
       acceptance: advanced: the acceptance rule, a hashable ``jaxspec.acceptance.RejectionSampler`` (subclass)
         instance; the default is the exact rule.
+      mesh: a ``jax.sharding.Mesh`` with axes ``data``/``model`` or a dict such as ``{"data": 2, "model": 4}``:
+        rows and KV caches split over ``data``, the target's weights over ``model`` (see ``jaxspec.sharding``).
+        With several processes (``jax.distributed``) every process makes the same call and gets every row.
+      shard_draft: on a mesh, shard the draft's weights like the target's (default: replicate them, which saves
+        the draft's per-step collectives).
 
     Returns a ``GenerationResult`` with ``tokens``, ``logprobs``, ``finish_reasons``, ``texts`` and ``stats``.
     Raises ``ValueError`` for bad input before compiling, ``NonFiniteLogitsError`` after the call if a model
     produced NaN/inf logits.
     """
     prep = prepare(target, prompts, draft=draft, **kwargs)
+    tparams, dparams = _on_mesh(prep, target, draft)
     start = time.perf_counter()
-    state, compile_s = loop.generate_program(
-        prep.spec, target.params, None if draft is None else draft.params, prep.inputs
-    )
+    state, compile_s = loop.generate_program(prep.spec, tparams, dparams, prep.inputs)
     state = jax.block_until_ready(state)
     wall = time.perf_counter() - start - compile_s
     return _result(prep, state, wall, compile_s, _names(target, draft))
@@ -432,20 +471,24 @@ class Stream:
 
     def __iter__(self) -> Iterator[StreamStep]:
         prep, target = self._prep, self._target
-        dparams = None if self._draft is None else self._draft.params
+        tparams, dparams = _on_mesh(prep, target, self._draft)
         start = time.perf_counter()
-        state, compile_s = loop.prefill_program(prep.spec, target.params, dparams, prep.inputs)
+        state, compile_s = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
         n = prep.num_rows
-        emitted = np.asarray(prep.inputs.prompt_len)[:n].copy()
+        emitted = sharding.to_host(prep.inputs.prompt_len)[:n].copy()
         plen = emitted.copy()
         texts_so_far = [""] * n
         one = jnp.int32(1)
+        if prep.spec.mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec as P
+
+            one = sharding.put(np.int32(1), NamedSharding(prep.spec.mesh, P()))
         while True:
-            state, seconds = loop.rounds_program(prep.spec, target.params, dparams, state, one)
+            state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, one)
             compile_s += seconds
-            length, done = jax.device_get((state.length, state.done))
+            length, done = sharding.to_host((state.length, state.done))
             length = length[:n]
-            tokens = np.asarray(state.tokens[:n]) if (length > emitted).any() else None
+            tokens = sharding.to_host(state.tokens)[:n] if (length > emitted).any() else None
             new = [tokens[b, emitted[b] : length[b]].tolist() if tokens is not None else [] for b in range(n)]
             texts = None
             if prep.tokenizer is not None:

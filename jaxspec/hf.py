@@ -372,8 +372,20 @@ def _get(tree, path):
     return tree
 
 
-def load_params(root: Path, family: Family, cfg) -> dict:
-    """Our params tree for ``cfg``, read from the safetensors in ``root`` and cast to ``cfg.dtype``."""
+def _stacked_slice(arrays: list[np.ndarray], stacked: bool, index: tuple, dtype) -> np.ndarray:
+    """``np.stack(arrays)[index]`` (or ``arrays[0][index]``) reading only the needed part of each memory map."""
+    if not stacked:
+        return np.asarray(arrays[0][index], dtype=dtype)
+    layers = range(len(arrays))[index[0]]
+    return np.stack([np.asarray(arrays[i][index[1:]], dtype=dtype) for i in layers])
+
+
+def load_params(root: Path, family: Family, cfg, shardings=None) -> dict:
+    """Our params tree for ``cfg``, read from the safetensors in ``root`` and cast to ``cfg.dtype``.
+
+    With ``shardings`` (a pytree of ``jax.sharding.Sharding`` like the params), each device's shard is read from
+    the memory-mapped files straight into place: no process ever holds a whole tensor it does not need.
+    """
     tensors = _open_tensors(root)
     abstract = family.abstract_params(cfg)
     target = np.dtype(cfg.jnp_dtype)
@@ -389,17 +401,24 @@ def load_params(root: Path, family: Family, cfg) -> dict:
             a = tensors[name].get(name)
             arrays.append(a.T if spec.transpose else a)
             used.add(name)
-        value = np.stack(arrays) if spec.stacked else arrays[0]
+        shape = ((len(arrays),) if spec.stacked else ()) + tuple(arrays[0].shape)
         want = _get(abstract, spec.path)
         if want is None:
             raise AssertionError(f"name map targets {spec.path}, which is not a parameter of this model")
-        if tuple(value.shape) != tuple(want.shape):
+        if shape != tuple(want.shape) or any(a.shape != arrays[0].shape for a in arrays):
             raise ValueError(
                 f"tensor {spec.names[0]} has shape {tuple(arrays[0].shape)}, which does not match the config "
                 f"(expected {tuple(want.shape[1:] if spec.stacked else want.shape)}"
                 f"{' after transposing' if spec.transpose else ''})"
             )
-        _set(params, spec.path, jnp.asarray(value.astype(target)))
+        sharding = None if shardings is None else _get(shardings, spec.path)
+        if sharding is None:
+            value = jnp.asarray(_stacked_slice(arrays, spec.stacked, (slice(None),) * len(shape), target))
+        else:
+            value = jax.make_array_from_callback(
+                shape, sharding, lambda index, a=arrays, s=spec.stacked: _stacked_slice(a, s, index, target)
+            )
+        _set(params, spec.path, value)
     leaves = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(abstract)}
     filled = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)}
     if leaves != filled:
@@ -437,7 +456,8 @@ def _load_tokenizer(root: Path):
     return AutoTokenizer.from_pretrained(str(root), local_files_only=True, trust_remote_code=False)
 
 
-def load(path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None) -> CausalLM:
+def load(path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None,
+         mesh=None) -> CausalLM:
     """Load a Hugging Face model directory as a ``CausalLM``.
 
     Args:
@@ -446,6 +466,8 @@ def load(path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, nam
       tokenizer: ``True`` attaches ``AutoTokenizer.from_pretrained(path)`` when the directory has a tokenizer
         (local files only, no remote code); ``False``/``None`` attaches none; any other object is attached as is.
       name: the model's name in messages (default: the directory name).
+      mesh: a ``jax.sharding.Mesh`` or ``{"data": d, "model": m}``: each weight is read straight into its
+        sharding by ``jaxspec.sharding``'s rules (every process reads only its own shards).
 
     Raises ``FileNotFoundError`` for a missing directory, config or shard and ``ValueError`` for an unsupported
     ``model_type`` / rope type / variant, a bad dtype, or tensors that do not match the config.
@@ -464,7 +486,14 @@ def load(path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, nam
         )
     family = FAMILIES[model_type]
     cfg = family.config(config, model_type, dtype)
-    params = load_params(root, family, cfg)
+    shardings = None
+    if mesh is not None:
+        from jaxspec import sharding
+
+        abstract = family.abstract_params(cfg)
+        axes = family.from_params(cfg, abstract).param_axes
+        shardings = sharding.plan_params(abstract, axes, cfg, sharding.make_mesh(mesh), name=root.name).shardings
+    params = load_params(root, family, cfg, shardings)
     if tokenizer is True:
         tokenizer = _load_tokenizer(root)
     elif tokenizer is False:

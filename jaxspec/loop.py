@@ -14,12 +14,15 @@ accepted drafts plus one corrected/bonus token, truncated at EOS, ``max_new_toke
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxspec import sharding
 from jaxspec.acceptance import RejectionSampler
 from jaxspec.sampling import SamplingParams, sample, warp
 
@@ -38,6 +41,7 @@ class LoopSpec:
     gamma: int  # 0 = plain autoregressive decoding
     cache_len: int
     acceptance: RejectionSampler = RejectionSampler()
+    mesh: Mesh | None = None  # shard batch/caches over "data", weights by their logical axes over "model"
 
 
 @jax.tree_util.register_dataclass
@@ -76,6 +80,36 @@ class State:
     draft_cache: Any
 
 
+_REPLICATED_FIELDS = ("eos", "sampling")
+
+
+def state_shardings(spec: LoopSpec, state: State) -> State:
+    """Where each part of the loop state lives on ``spec.mesh``: per-row arrays split over ``data`` (batch),
+    caches by ``sharding.CACHE_AXES``, EOS ids and sampling parameters replicated."""
+    mesh = spec.mesh
+
+    def named(field, value):
+        if value is None:
+            return None
+        if field in ("target_cache", "draft_cache"):
+            return sharding.cache_sharding(value, mesh)
+        if field in _REPLICATED_FIELDS:
+            return jax.tree.map(lambda _: NamedSharding(mesh, P()), value)
+        return NamedSharding(mesh, sharding.batch_spec(value.ndim))
+
+    return State(**{f.name: named(f.name, getattr(state, f.name)) for f in dataclasses.fields(State)})
+
+
+def _constrain(spec: LoopSpec, state: State) -> State:
+    if spec.mesh is None:
+        return state
+    shardings = state_shardings(spec, state)
+    return State(**{
+        f.name: sharding.constrain(getattr(state, f.name), getattr(shardings, f.name))
+        for f in dataclasses.fields(State)
+    })
+
+
 def _bad_logits(logits: jax.Array) -> jax.Array:
     """NaN or +inf anywhere, or no finite logit at all (reduces the last axis)."""
     return jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) | jnp.all(logits == -jnp.inf, axis=-1)
@@ -84,18 +118,19 @@ def _bad_logits(logits: jax.Array) -> jax.Array:
 def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
     batch, plen = inputs.prompt.shape
     positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (batch, plen))
-    _, target_cache = spec.target_apply(
-        target_params, inputs.prompt, positions, spec.target_init_cache(batch, spec.cache_len)
-    )
+
+    def empty_cache(init_cache):
+        cache = init_cache(batch, spec.cache_len)
+        return cache if spec.mesh is None else sharding.constrain(cache, sharding.cache_sharding(cache, spec.mesh))
+
+    _, target_cache = spec.target_apply(target_params, inputs.prompt, positions, empty_cache(spec.target_init_cache))
     draft_cache = None
     if spec.draft_apply is not None:
-        _, draft_cache = spec.draft_apply(
-            draft_params, inputs.prompt, positions, spec.draft_init_cache(batch, spec.cache_len)
-        )
+        _, draft_cache = spec.draft_apply(draft_params, inputs.prompt, positions, empty_cache(spec.draft_init_cache))
     tokens = jnp.zeros((batch, spec.cache_len), jnp.int32).at[:, :plen].set(inputs.prompt)
     row_keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(inputs.seeds, inputs.row_ids)
     zeros = jnp.zeros((batch,), jnp.int32)
-    return State(
+    state = State(
         tokens=tokens,
         logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
         length=inputs.prompt_len,
@@ -115,6 +150,7 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
         target_cache=target_cache,
         draft_cache=draft_cache,
     )
+    return _constrain(spec, state)
 
 
 def _draft(spec: LoopSpec, draft_params, state: State, keys: jax.Array):
@@ -201,7 +237,7 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     used = offsets[None] <= n[:, None]  # target positions that decided something this round
     bad_target = state.bad_target | (active & jnp.any(_bad_logits(logits) & used, axis=1))
     active_i = active.astype(jnp.int32)
-    return dataclasses.replace(
+    state = dataclasses.replace(
         state,
         tokens=tokens,
         logprobs=logprobs,
@@ -217,6 +253,7 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
         target_cache=target_cache,
         draft_cache=draft_cache,
     )
+    return _constrain(spec, state)
 
 
 def run(spec: LoopSpec, target_params, draft_params, state: State, max_rounds) -> State:
@@ -238,15 +275,25 @@ class Program:
     """A loop function compiled ahead of time once per (spec, argument shapes/dtypes/shardings).
 
     Calling returns ``(outputs, compile_seconds)``: 0 when an earlier call already compiled this signature, so
-    callers can report compile time apart from run time.
+    callers can report compile time apart from run time. On a mesh (``spec.mesh``) the program is compiled with
+    explicit input shardings (those of the arguments, which the caller places) and output shardings
+    (``state_shardings``): pjit semantics, one SPMD program over every device of every process.
     """
 
     def __init__(self, fn, donate_argnums=()):
+        self.fn = fn
+        self.donate_argnums = donate_argnums
         self.jitted = jax.jit(fn, static_argnums=0, donate_argnums=donate_argnums)
         self._executables = {}
 
     def lower(self, spec: LoopSpec, *args):
-        return self.jitted.lower(spec, *args)
+        if spec.mesh is None:
+            return self.jitted.lower(spec, *args)
+        fn = functools.partial(self.fn, spec)
+        in_shardings = jax.tree.map(lambda x: x.sharding, args)
+        out_shardings = state_shardings(spec, jax.eval_shape(fn, *args))
+        donate = tuple(i - 1 for i in self.donate_argnums)
+        return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate).lower(*args)
 
     def __call__(self, spec: LoopSpec, *args):
         key = (spec, _signature(args))

@@ -40,6 +40,10 @@ class CausalLM:
       config: optional architecture config (informational).
       eos_token_id: optional default end-of-sequence id(s) used when ``generate`` gets none.
       name: used in messages.
+      param_axes: optional logical axes of the weights for sharding: ``{path: axes}`` with ``path`` a tuple of
+        keys into ``params`` and ``axes`` one name per dimension from ``jaxspec.sharding.RULES`` (None:
+        replicated); leaves under ``"layers"`` are looked up without it and get a leading ``"layers"`` axis.
+        Unlisted weights are replicated. Built-in families fill it in.
     """
 
     apply_fn: ApplyFn
@@ -50,6 +54,7 @@ class CausalLM:
     config: Any = None
     eos_token_id: int | tuple[int, ...] | None = None
     name: str = "model"
+    param_axes: Any = None
 
     def __post_init__(self):
         if not callable(self.apply_fn):

@@ -2,21 +2,15 @@
 (greedy comparisons are then about engine bookkeeping, not float ties)."""
 
 import jax
-import numpy as np
-import pytest
 
-from jaxspec.models import llama
+# Eight simulated CPU devices for the mesh tests (must precede any use of the backend; no effect elsewhere).
+jax.config.update("jax_num_cpu_devices", 8)
 
-VOCAB = 96
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
-
-def tiny_config(**overrides) -> llama.LlamaConfig:
-    base = dict(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-        init_std=0.15,
-    )
-    base.update(overrides)
-    return llama.LlamaConfig(**base)
+from helpers import VOCAB, SMALL_DRAFT, tiny_config  # noqa: E402,F401  (tests import VOCAB/tiny_config from here)
+from jaxspec.models import llama  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +25,7 @@ def unrelated_draft():
 
 @pytest.fixture(scope="session")
 def small_draft():
-    cfg = tiny_config(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
-    return llama.init(cfg, seed=2, name="small")
+    return llama.init(tiny_config(**SMALL_DRAFT), seed=2, name="small")
 
 
 @pytest.fixture(scope="session")

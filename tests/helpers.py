@@ -1,8 +1,10 @@
-"""Test utilities: counting XLA compilations; a tiny Hugging Face tokenizer."""
+"""Test utilities: tiny model configs; counting XLA compilations; a tiny Hugging Face tokenizer."""
 
 import contextlib
 
 import jax.monitoring
+
+from jaxspec.models import llama
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
@@ -38,3 +40,16 @@ def tiny_hf_tokenizer(text: str = "def f(x): return x + 1\n", vocab_size: int = 
                                   initial_alphabet=[])
     tok.train_from_iterator([text] * 50, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+VOCAB = 96
+SMALL_DRAFT = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+
+
+def tiny_config(**overrides) -> llama.LlamaConfig:
+    base = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+        init_std=0.15,
+    )
+    base.update(overrides)
+    return llama.LlamaConfig(**base)

@@ -161,6 +161,19 @@ class GPT2(nn.Module):
         return wte.attend(x).astype(jnp.float32), KVCache(k, v)
 
 
+# Logical axes of every weight (see jaxspec.sharding.RULES); layer weights also get a leading "layers" axis.
+# The fused q/k/v projection stays replicated: splitting its output axis evenly would cut across q, k and v.
+PARAM_AXES = {
+    ("wte", "embedding"): ("vocab", "embed"),
+    ("wpe", "embedding"): (None, "embed"),
+    ("attn", "c_attn", "kernel"): ("embed", None),
+    ("attn", "c_proj", "kernel"): ("heads", "embed"),
+    ("mlp", "c_fc", "kernel"): ("embed", "mlp"),
+    ("mlp", "c_fc", "bias"): ("mlp",),
+    ("mlp", "c_proj", "kernel"): ("mlp", "embed"),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def model_fns(cfg: GPT2Config):
     """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared."""
@@ -189,7 +202,8 @@ def init_params(cfg: GPT2Config, seed: int = 0):
 
 
 def from_params(cfg: GPT2Config, params, *, tokenizer=None, eos_token_id=None, name="gpt2") -> CausalLM:
-    return CausalLM.from_config(model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name)
+    return CausalLM.from_config(model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name,
+                                param_axes=PARAM_AXES)
 
 
 def init(cfg: GPT2Config, seed: int = 0, **kwargs) -> CausalLM:

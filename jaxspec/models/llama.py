@@ -203,6 +203,29 @@ class Llama(nn.Module):
         return logits.astype(jnp.float32), KVCache(k, v)
 
 
+# Logical axes of every weight (see jaxspec.sharding.RULES); layer weights also get a leading "layers" axis.
+PARAM_AXES = {
+    ("embed", "embedding"): ("vocab", "embed"),
+    ("lm_head", "kernel"): ("embed", "vocab"),
+    ("final_norm", "scale"): (None,),
+    ("input_norm", "scale"): (None,),
+    ("post_attn_norm", "scale"): (None,),
+    ("attn", "q_proj", "kernel"): ("embed", "heads"),
+    ("attn", "k_proj", "kernel"): ("embed", "kv_heads"),
+    ("attn", "v_proj", "kernel"): ("embed", "kv_heads"),
+    ("attn", "o_proj", "kernel"): ("heads", "embed"),
+    ("attn", "q_proj", "bias"): ("heads",),
+    ("attn", "k_proj", "bias"): ("kv_heads",),
+    ("attn", "v_proj", "bias"): ("kv_heads",),
+    ("attn", "o_proj", "bias"): (None,),
+    ("attn", "q_norm", "scale"): (None,),
+    ("attn", "k_norm", "scale"): (None,),
+    ("mlp", "gate_proj", "kernel"): ("embed", "mlp"),
+    ("mlp", "up_proj", "kernel"): ("embed", "mlp"),
+    ("mlp", "down_proj", "kernel"): ("mlp", "embed"),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def model_fns(cfg: LlamaConfig):
     """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared."""
@@ -228,7 +251,8 @@ def init_params(cfg: LlamaConfig, seed: int = 0):
 
 
 def from_params(cfg: LlamaConfig, params, *, tokenizer=None, eos_token_id=None, name="llama") -> CausalLM:
-    return CausalLM.from_config(model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name)
+    return CausalLM.from_config(model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name,
+                                param_axes=PARAM_AXES)
 
 
 def init(cfg: LlamaConfig, seed: int = 0, **kwargs) -> CausalLM:
