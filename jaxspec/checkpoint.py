@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,24 @@ def _family_of(config) -> str:
     )
 
 
-def save(model: CausalLM, directory: str | Path) -> Path:
-    """Save ``model`` (a built-in family with its ``config``) to ``directory`` (must not exist yet)."""
+def save(model: CausalLM, directory: str | Path, *, storage_dtype: str | None = None) -> Path:
+    """Save ``model`` (a built-in family with its ``config``) to ``directory`` (must not exist yet).
+
+    ``storage_dtype`` (e.g. "bfloat16") stores the weights in that dtype to halve the files; loading casts them
+    back to the config's dtype.
+    """
     directory = Path(directory).resolve()
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(f"directory {directory} exists and is not empty; choose a new path")
+    if storage_dtype is not None and storage_dtype not in DTYPES:
+        raise ValueError(f"storage_dtype must be one of {sorted(DTYPES)} or None, got {storage_dtype!r}")
     family = _family_of(model.config)
     directory.mkdir(parents=True, exist_ok=True)
+    params = model.params
+    if storage_dtype is not None:
+        params = jax.tree.map(lambda x: jnp.asarray(x, DTYPES[storage_dtype]), params)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(directory / "params", model.params)
+    checkpointer.save(directory / "params", params)
     checkpointer.wait_until_finished()
     eos = model.eos_token_id
     meta = {
@@ -124,14 +134,44 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
                  name=meta.get("name", "model"))
 
 
+SHIPPED_PREFIX = "jaxspec/"
+
+
+def shipped_dir() -> Path:
+    """Where the shipped models live: ``$JAXSPEC_CHECKPOINTS`` or the repository's ``checkpoints/``."""
+    env = os.environ.get("JAXSPEC_CHECKPOINTS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "checkpoints"
+
+
+def shipped_models() -> list[str]:
+    root = shipped_dir()
+    return sorted(SHIPPED_PREFIX + p.name for p in root.iterdir() if is_orbax_model(p)) if root.is_dir() else []
+
+
+def resolve(path: str | Path) -> Path:
+    """A directory, or a shipped model's name such as ``"jaxspec/code-target"``."""
+    if isinstance(path, str) and path.startswith(SHIPPED_PREFIX) and not Path(path).exists():
+        found = shipped_dir() / path[len(SHIPPED_PREFIX):]
+        if not is_orbax_model(found):
+            raise FileNotFoundError(
+                f"no shipped model named {path!r} in {shipped_dir()}; available: {shipped_models() or 'none'} "
+                "(set JAXSPEC_CHECKPOINTS to the repository's checkpoints/ directory if jaxspec is not installed "
+                "from a clone)"
+            )
+        return found
+    return Path(path)
+
+
 def load(path: str | Path, dtype: str | None = None, *, sharding: Any = None, mesh: Any = None,
          **hf_kwargs) -> CausalLM:
-    """Load a model directory: a jaxspec checkpoint (``save``) or a Hugging Face directory (``jaxspec.hf.load``).
+    """Load a model: a shipped name (``"jaxspec/code-target"``, ``"jaxspec/code-draft"``), a jaxspec checkpoint
+    directory (``save``) or a Hugging Face directory (``jaxspec.hf.load``).
 
     ``dtype`` None keeps a jaxspec checkpoint's dtype and loads Hugging Face weights as float32. ``mesh`` places
     every weight straight into its sharding on that mesh (``jaxspec.sharding``); ``sharding`` (orbax only) gives
     the shardings explicitly.
     """
+    path = resolve(path)
     if is_orbax_model(path):
         return load_orbax(path, dtype, sharding, mesh)
     if sharding is not None:

@@ -218,7 +218,7 @@ class Prepared:
     inputs: loop.LoopInputs
     num_rows: int
     tokenizer: object
-    shard_draft: bool = False
+    shard_draft: bool = True
 
 
 def prepare(
@@ -237,7 +237,7 @@ def prepare(
     acceptance=None,
     chat=False,
     mesh=None,
-    shard_draft=False,
+    shard_draft=True,
 ) -> Prepared:
     """Check every argument and build the static spec and traced inputs. Raises ``ValueError`` on bad input."""
     if not isinstance(target, CausalLM):
@@ -351,7 +351,7 @@ def _place_inputs(inputs: loop.LoopInputs, mesh) -> loop.LoopInputs:
 
 
 def _on_mesh(prep: Prepared, target: CausalLM, draft: CausalLM | None):
-    """Target params sharded by their logical axes; the draft's replicated (or sharded too with ``shard_draft``)."""
+    """Target params sharded by their logical axes; the draft's too, or replicated with ``shard_draft=False``."""
     mesh = prep.spec.mesh
     if mesh is None:
         return target.params, None if draft is None else draft.params
@@ -446,8 +446,9 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | None = None, **kwar
       mesh: a ``jax.sharding.Mesh`` with axes ``data``/``model`` or a dict such as ``{"data": 2, "model": 4}``:
         rows and KV caches split over ``data``, the target's weights over ``model`` (see ``jaxspec.sharding``).
         With several processes (``jax.distributed``) every process makes the same call and gets every row.
-      shard_draft: on a mesh, shard the draft's weights like the target's (default: replicate them, which saves
-        the draft's per-step collectives).
+      shard_draft: on a mesh, shard the draft's weights by the same rules as the target's (default). False
+        replicates them over ``model``: no collectives per draft step, but every device reads the whole draft
+        each step (worth it for small drafts; see the README's estimate).
 
     Returns a ``GenerationResult`` with ``tokens``, ``logprobs``, ``finish_reasons``, ``texts`` and ``stats``.
     Raises ``ValueError`` for bad input before compiling, ``NonFiniteLogitsError`` after the call if a model

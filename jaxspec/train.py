@@ -1,11 +1,15 @@
 """Train a Llama-architecture language model from scratch with optax: the recipe for the shipped pair.
 
-    python -m jaxspec.train --run runs/pair --model target --steps 6000
-    python -m jaxspec.train --run runs/pair --model draft --steps 6000
+    python -m jaxspec.train --run runs/pair --model target --steps 1100
+    python -m jaxspec.train --run runs/pair --model draft --teacher target --steps 1500
+    python -m jaxspec.train --run runs/pair --export target checkpoints/code-target --bf16
 
 The run directory holds the tokenizer, the encoded corpus and one orbax checkpoint manager per model. A killed
 run resumes from its latest checkpoint (parameters, optimizer state and step; batches are a pure function of the
-seed and step, so a resumed run sees the same data as an uninterrupted one).
+seed and step, so a resumed run sees the same data as an uninterrupted one). ``--teacher`` trains by
+distillation: the loss is the cross-entropy against the teacher's next-token distribution (forward KL), with the
+teacher's latest checkpoint in the same run; held-out loss is always reported against the real next tokens.
+``--export`` writes a model's latest parameters with the run's tokenizer as a ``jaxspec.save`` directory.
 """
 
 from __future__ import annotations
@@ -68,12 +72,27 @@ def batch_at(data: np.ndarray, cfg: TrainConfig, step: int) -> np.ndarray:
     return np.stack([data[s : s + cfg.seq_len + 1] for s in starts])
 
 
+def _forward(apply_fn, init_cache, params, inputs):
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    return apply_fn(params, inputs, positions, init_cache(*inputs.shape))[0]
+
+
 def make_loss(apply_fn, init_cache):
     def loss_fn(params, batch):
-        inputs, labels = batch[:, :-1], batch[:, 1:]
-        positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-        logits, _ = apply_fn(params, inputs, positions, init_cache(*inputs.shape))
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        logits = _forward(apply_fn, init_cache, params, batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+    return loss_fn
+
+
+def make_distill_loss(apply_fn, init_cache, teacher_apply, teacher_init_cache, teacher_params):
+    """Cross-entropy of the student against the teacher's next-token distribution (= forward KL + const)."""
+
+    def loss_fn(params, batch):
+        inputs = batch[:, :-1]
+        teacher = jax.nn.softmax(_forward(teacher_apply, teacher_init_cache, teacher_params, inputs).astype(jnp.float32))
+        logits = _forward(apply_fn, init_cache, params, inputs)
+        return optax.softmax_cross_entropy(logits, jax.lax.stop_gradient(teacher)).mean()
 
     return loss_fn
 
@@ -87,14 +106,40 @@ def tokenizer_vocab_size(run: Path) -> int:
     return len(json.loads((run / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"])
 
 
-def train(run: Path, name: str, cfg: TrainConfig, mcfg: llama.LlamaConfig | None = None) -> dict:
-    """Train model ``name`` on ``run/train.npy`` (made by ``prepare_run``); resumes from ``run/ckpt_<name>``."""
+def latest_params(run: Path, name: str, mcfg: llama.LlamaConfig | None = None):
+    """The latest checkpointed parameters of model ``name`` in ``run`` and its config."""
+    run = Path(run).resolve()
+    if mcfg is None:
+        fields = json.loads((run / f"{name}_config.json").read_text())
+        mcfg = llama.LlamaConfig(**{k: tuple(map(tuple, v)) if k == "rope_params" else v for k, v in fields.items()})
+    manager = ocp.CheckpointManager(run / f"ckpt_{name}")
+    step = manager.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint of {name!r} in {run}; train it first")
+    abstract = jax.eval_shape(lambda: llama.init_params(mcfg, 0))
+    opt_state = jax.eval_shape(optimizer(TrainConfig()).init, abstract)
+    state = manager.restore(step, args=ocp.args.StandardRestore(
+        {"params": abstract, "opt_state": opt_state, "step": jax.ShapeDtypeStruct((), jnp.int32)}))
+    return state["params"], mcfg, step
+
+
+def train(run: Path, name: str, cfg: TrainConfig, mcfg: llama.LlamaConfig | None = None,
+          teacher: str | None = None, teacher_cfg: llama.LlamaConfig | None = None) -> dict:
+    """Train model ``name`` on ``run/train.npy`` (made by ``prepare_run``); resumes from ``run/ckpt_<name>``.
+
+    With ``teacher`` (a model name in the same run), distill from its latest checkpoint instead of the labels.
+    """
     run = Path(run).resolve()
     data = np.load(run / "train.npy")
     heldout = np.load(run / "heldout.npy")
     mcfg = mcfg or model_config(name, tokenizer_vocab_size(run))
     apply_fn, init_cache = llama.model_fns(mcfg)
     loss_fn = make_loss(apply_fn, init_cache)
+    eval_loss = jax.jit(loss_fn)
+    if teacher is not None:
+        t_params, t_cfg, t_step = latest_params(run, teacher, teacher_cfg)
+        print(f"distilling from {teacher} (step {t_step})", flush=True)
+        loss_fn = make_distill_loss(apply_fn, init_cache, *llama.model_fns(t_cfg), t_params)
     opt = optimizer(cfg)
 
     @jax.jit
@@ -103,7 +148,6 @@ def train(run: Path, name: str, cfg: TrainConfig, mcfg: llama.LlamaConfig | None
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    eval_loss = jax.jit(loss_fn)
     span = cfg.seq_len + 1
     eval_batch = np.stack([heldout[i : i + span] for i in range(0, min(64, len(heldout) // span) * span, span)])
 
@@ -142,16 +186,42 @@ def train(run: Path, name: str, cfg: TrainConfig, mcfg: llama.LlamaConfig | None
     return {"params": params, "config": mcfg}
 
 
+def export(run: Path, name: str, out_dir: Path, bf16: bool = False) -> Path:
+    """Save model ``name``'s latest parameters with the run's tokenizer as a ``jaxspec.save`` directory
+    (``bf16``: weights stored in bfloat16, loaded back as the config's float32)."""
+    from transformers import AutoTokenizer
+
+    from jaxspec.checkpoint import save
+
+    run = Path(run).resolve()
+    params, mcfg, step = latest_params(run, name)
+    tokenizer = AutoTokenizer.from_pretrained(str(run / "tokenizer"))
+    model = llama.from_params(mcfg, params, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id,
+                              name=Path(out_dir).name)
+    print(f"exporting {name} (step {step}, {model.num_params / 1e6:.2f} M params) to {out_dir}", flush=True)
+    return save(model, out_dir, storage_dtype="bfloat16" if bf16 else None)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m jaxspec.train", description=__doc__.split("\n")[0])
     ap.add_argument("--run", required=True, help="run directory (created; resumed if it has checkpoints)")
-    ap.add_argument("--model", choices=sorted(PAIR_CONFIGS), required=True)
+    ap.add_argument("--model", choices=sorted(PAIR_CONFIGS), help="the model to train")
+    ap.add_argument("--teacher", choices=sorted(PAIR_CONFIGS), help="distill from this model of the same run")
+    ap.add_argument("--export", nargs=2, metavar=("MODEL", "DIR"), help="save MODEL's latest checkpoint to DIR")
+    ap.add_argument("--bf16", action="store_true", help="with --export: store the weights in bfloat16")
     for field in dataclasses.fields(TrainConfig):
         ap.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = ap.parse_args(argv)
+    if args.export:
+        export(Path(args.run), args.export[0], Path(args.export[1]), args.bf16)
+        return
+    if args.model is None:
+        ap.error("--model is required (or --export MODEL DIR)")
+    if args.teacher == args.model:
+        ap.error("--teacher must be another model of the run")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     prepare_run(Path(args.run))
-    train(Path(args.run), args.model, cfg)
+    train(Path(args.run), args.model, cfg, teacher=args.teacher)
 
 
 if __name__ == "__main__":

@@ -119,3 +119,23 @@ def test_quick_json_figures_are_consistent(quick_run):
             assert mem["weights_unique"] < both
         else:
             assert mem["weights_unique"] == both
+
+
+def test_mesh_mode_end_to_end(tmp_path):
+    """``--mesh`` on 4 simulated devices: per-device bytes shrink as the mesh splits them, tokens unchanged."""
+    out = tmp_path / "mesh.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxspec.bench", "--quick", "--mesh", "1x4,4x1", "--devices", "4", "--repeats", "1",
+         "--mesh-batch", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "mesh" and doc["devices"] == 4
+    single, tp, dp = doc["rows"]
+    assert [r["mesh"] for r in doc["rows"]] == ["1 device", "1x4", "4x1"]
+    assert all(r["same_tokens"] for r in doc["rows"])
+    assert tp["target_weights"] < 0.5 * single["target_weights"]  # tensor parallel splits the weights
+    assert dp["target_weights"] == single["target_weights"]  # data parallel replicates them...
+    assert dp["target_cache"] == single["target_cache"] // 4  # ...and splits the rows' caches
+    assert "ms/round" in proc.stdout

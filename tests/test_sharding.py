@@ -57,7 +57,7 @@ def test_mesh_tokens_match_single_device(target, small_draft, prompts, reference
 def test_sharded_draft_plain_decoding_and_stream(target, small_draft, prompts, reference):
     mesh = {"data": 2, "model": 4}
     kw = dict(max_new_tokens=[9, 14, 5, 12, 10], eos_token_id=7, temperature=0.0, mesh=mesh)
-    assert jaxspec.generate(target, prompts, draft=small_draft, shard_draft=True, **kw).tokens == \
+    assert jaxspec.generate(target, prompts, draft=small_draft, shard_draft=False, **kw).tokens == \
         reference["greedy"].tokens
     plain = jaxspec.generate(target, prompts, **{**kw, "mesh": None})
     assert jaxspec.generate(target, prompts, **kw).tokens == plain.tokens == reference["greedy"].tokens
@@ -114,7 +114,9 @@ def test_params_and_caches_are_sharded(target, small_draft, prompts):
     assert _per_device_bytes(dk) == dk.nbytes // 4
     assert state.tokens.sharding.spec == P("data", None)
     assert _per_device_bytes(state.tokens) == state.tokens.nbytes // 4
-    assert dparams["layers"]["attn"]["q_proj"]["kernel"].sharding.is_fully_replicated  # draft replicated by default
+    assert dparams["layers"]["mlp"]["up_proj"]["kernel"].sharding.spec == P(None, None, "model")  # draft sharded
+    prep = gen.prepare(target, prompts, draft=small_draft, max_new_tokens=8, mesh=mesh42, shard_draft=False)
+    assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(gen._on_mesh(prep, target, small_draft)[1]))
 
 
 def test_load_into_layout(tmp_path, target):

@@ -15,7 +15,14 @@ import jaxspec.bench
 from jaxspec.bench import single
 from jaxspec.bench.pairs import PAIRS
 
-MODES = {"single": single.run}
+
+def _mesh_mode(args):
+    from jaxspec.bench import mesh
+
+    return mesh.run(args)
+
+
+MODES = {"single": single.run, "mesh": _mesh_mode}
 
 # --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
 QUICK = dict(vocab=256, hidden=64, target_layers=2, draft_layers=1, max_new_tokens=16, repeats=1, step_iters=3,
@@ -53,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     quick = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
     p.add_argument("--quick", action="store_true", help=f"smoke run on tiny models: {quick}, unless given")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    m = p.add_argument_group("mesh mode")
+    m.add_argument("--mesh", metavar="SHAPES", nargs="?", const="all",
+                   help="compare mesh shapes data x model, e.g. 1x8,2x4 (default: all factorizations)")
+    m.add_argument("--devices", type=int, help="simulated CPU devices (CPU backend only; e.g. 8)")
+    m.add_argument("--mesh-batch", type=int, default=8, help="prompts per call in mesh mode")
     return p
 
 
@@ -64,11 +76,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         args = p.parse_args(argv)
     if args.gamma < 1:
         p.error("--gamma must be >= 1")
+    if args.mesh is not None:
+        args.mode = "mesh"
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.devices:  # must happen before the backend starts; only the CPU backend reads it
+        jax.config.update("jax_num_cpu_devices", args.devices)
     print(f"jaxspec.bench: backend {jax.default_backend()}, device {jax.devices()[0]}, jax {jax.__version__}, "
           f"persistent compilation cache {jax.config.jax_compilation_cache_dir or 'off'}", flush=True)
     doc = MODES[args.mode](args)
