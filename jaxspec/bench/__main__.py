@@ -22,7 +22,13 @@ def _mesh_mode(args):
     return mesh.run(args)
 
 
-MODES = {"single": single.run, "mesh": _mesh_mode}
+def _shipped_mode(args):
+    from jaxspec.bench import shipped
+
+    return shipped.run(args)
+
+
+MODES = {"single": single.run, "mesh": _mesh_mode, "shipped": _shipped_mode}
 
 # --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
 QUICK = dict(vocab=256, hidden=64, target_layers=2, draft_layers=1, max_new_tokens=16, repeats=1, step_iters=3,
@@ -60,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     quick = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
     p.add_argument("--quick", action="store_true", help=f"smoke run on tiny models: {quick}, unless given")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    p.add_argument("--shipped", dest="mode", action="store_const", const="shipped",
+                   help="measure the shipped pair (jaxspec/code-target + code-draft) on held-out prompts")
+    p.add_argument("--shipped-prompts", type=int, help="use only the first N held-out prompts")
     m = p.add_argument_group("mesh mode")
     m.add_argument("--mesh", metavar="SHAPES", nargs="?", const="all",
                    help="compare mesh shapes data x model, e.g. 1x8,2x4 (default: all factorizations)")
