@@ -18,6 +18,7 @@ from jaxspec.generate import (
 )
 from jaxspec.checkpoint import load, save
 from jaxspec.hf_export import export_hf
+from jaxspec.drafters import PromptLookup
 from jaxspec.model import CausalLM
 from jaxspec.models import llama
 from jaxspec import multihost, sharding
@@ -27,6 +28,7 @@ __all__ = [
     "CausalLM",
     "GenerationResult",
     "NonFiniteLogitsError",
+    "PromptLookup",
     "RowStats",
     "Stats",
     "Stream",

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import loop, sharding
+from jaxspec.drafters import PromptLookup, as_drafter
 from jaxspec.model import CausalLM
 from jaxspec.sampling import SamplingParams
 
@@ -242,9 +243,14 @@ def prepare(
     """Check every argument and build the static spec and traced inputs. Raises ``ValueError`` on bad input."""
     if not isinstance(target, CausalLM):
         raise TypeError(f"target must be a jaxspec.CausalLM, got {type(target).__name__}")
-    if draft is not None:
+    lookup = as_drafter(draft)
+    if lookup is not None:
+        draft = None
+    elif draft is not None:
         if not isinstance(draft, CausalLM):
-            raise TypeError(f"draft must be a jaxspec.CausalLM or None, got {type(draft).__name__}")
+            raise TypeError(
+                f"draft must be a jaxspec.CausalLM, 'prompt_lookup', a jaxspec.PromptLookup or None, got {draft!r}"
+            )
         if draft.vocab_size != target.vocab_size:
             raise ValueError(
                 f"draft vocab_size ({draft.vocab_size}) != target vocab_size ({target.vocab_size}); "
@@ -296,7 +302,7 @@ def prepare(
             raise ValueError(f"eos_token_id must be None or int(s) in [0, {vocab}), got {eos_token_id!r}")
 
     lengths = np.asarray([len(p) for p in rows])
-    g = gamma if draft is not None else 0
+    g = gamma if draft is not None or lookup is not None else 0
     if max_length is None:
         cache_len = bucket_cache(int(np.max(lengths + max_new)))
     else:
@@ -320,6 +326,7 @@ def prepare(
         gamma=g,
         cache_len=cache_len,
         mesh=mesh,
+        lookup=lookup,
         **({} if acceptance is None else {"acceptance": acceptance}),
     )
     inputs = loop.LoopInputs(
@@ -353,6 +360,8 @@ def _place_inputs(inputs: loop.LoopInputs, mesh) -> loop.LoopInputs:
 def _on_mesh(prep: Prepared, target: CausalLM, draft: CausalLM | None):
     """Target params sharded by their logical axes; the draft's too, or replicated with ``shard_draft=False``."""
     mesh = prep.spec.mesh
+    if not isinstance(draft, CausalLM):
+        draft = None  # no draft, or prompt lookup
     if mesh is None:
         return target.params, None if draft is None else draft.params
     target = sharding.shard(target, mesh)
@@ -422,17 +431,20 @@ def _result(prep: Prepared, state: loop.State, wall: float, compile_s: float, na
     return result
 
 
-def _names(target: CausalLM, draft: CausalLM | None) -> tuple[str, str]:
-    return f"target model {target.name!r}", f"draft model {draft.name!r}" if draft is not None else "draft"
+def _names(target: CausalLM, draft) -> tuple[str, str]:
+    return f"target model {target.name!r}", f"draft {getattr(draft, 'name', draft)!r}"
 
 
-def generate(target: CausalLM, prompts, *, draft: CausalLM | None = None, **kwargs) -> GenerationResult:
+def generate(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str | None = None,
+             **kwargs) -> GenerationResult:
     """Generate continuations of ``prompts`` with ``target``, speculatively when ``draft`` is given.
 
     Args:
       target: the model whose distribution the output follows exactly.
       prompts: list of token-id lists (any lengths), an int array ``[B, T]``, or strings (needs a tokenizer).
-      draft: a cheaper ``CausalLM`` with the same vocabulary, or None for plain autoregressive decoding.
+      draft: a cheaper ``CausalLM`` with the same vocabulary; ``"prompt_lookup"`` (or a ``jaxspec.PromptLookup``)
+        to draft by copying n-grams from the row's own prompt and output, with no draft model; or None for plain
+        autoregressive decoding.
       gamma: draft tokens per round (static: each value compiles once).
       max_new_tokens: int or one int per prompt (traced).
       temperature, top_k, top_p: warping applied to target and draft alike (traced: never recompiles).
@@ -509,6 +521,6 @@ class Stream:
         self.result = _result(prep, state, wall, compile_s, _names(target, self._draft))
 
 
-def stream(target: CausalLM, prompts, *, draft: CausalLM | None = None, **kwargs) -> Stream:
+def stream(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str | None = None, **kwargs) -> Stream:
     """Like ``generate``, but iterate to receive each row's newly verified tokens after every round."""
     return Stream(target, draft, prepare(target, prompts, draft=draft, **kwargs))

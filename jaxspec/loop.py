@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxspec import sharding
 from jaxspec.acceptance import RejectionSampler
+from jaxspec.drafters import PromptLookup
 from jaxspec.sampling import SamplingParams, sample, warp
 
 # finish reasons, as stored on device
@@ -42,6 +43,7 @@ class LoopSpec:
     cache_len: int
     acceptance: RejectionSampler = RejectionSampler()
     mesh: Mesh | None = None  # shard batch/caches over "data", weights by their logical axes over "model"
+    lookup: PromptLookup | None = None  # draft by prompt lookup instead of a draft model
 
 
 @jax.tree_util.register_dataclass
@@ -191,7 +193,11 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     round_keys = jax.vmap(lambda k, r: jax.random.split(jax.random.fold_in(k, r), gamma + 1))(
         state.row_keys, state.rounds
     )
-    if gamma > 0:
+    if gamma > 0 and spec.lookup is not None:  # deterministic proposals: q is one-hot
+        drafts = spec.lookup.propose(state.tokens, state.length, gamma)
+        q = None  # one-hot of the drafts, built below once the vocabulary size is known
+        draft_cache, bad_draft = state.draft_cache, jnp.zeros((batch,), bool)
+    elif gamma > 0:
         drafts, q, draft_cache, bad_draft = _draft(spec, draft_params, state, round_keys[:, :gamma])
     else:
         drafts, q = jnp.zeros((batch, 0), jnp.int32), None
@@ -204,8 +210,10 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     )
     logits = logits.astype(jnp.float32)
     p = warp(logits, state.sampling)
-    if q is None:  # plain decoding: the sampler with no drafts draws from p_0
+    if gamma == 0:  # plain decoding: the sampler with no drafts draws from p_0
         q = jnp.zeros((batch, 0, p.shape[-1]), jnp.float32)
+    elif q is None:  # prompt lookup
+        q = jax.nn.one_hot(drafts, p.shape[-1], dtype=jnp.float32)
     n, nxt = spec.acceptance(round_keys[:, gamma], drafts, q, p)
 
     # Emitted tokens: d_1..d_n then the correction/bonus token.

@@ -23,9 +23,12 @@ def plain_greedy(target, mixed_prompts):
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 7])
-@pytest.mark.parametrize("draft_name", ["same", "unrelated", "small", "perturbed"])
+@pytest.mark.parametrize("draft_name", ["same", "unrelated", "small", "perturbed", "prompt_lookup"])
 def test_greedy_speculative_equals_plain(request, target, mixed_prompts, plain_greedy, gamma, draft_name):
-    draft = target if draft_name == "same" else request.getfixturevalue(f"{draft_name}_draft")
+    if draft_name in ("same", "prompt_lookup"):
+        draft = target if draft_name == "same" else "prompt_lookup"
+    else:
+        draft = request.getfixturevalue(f"{draft_name}_draft")
     spec = jaxspec.generate(
         target, mixed_prompts, draft=draft, gamma=gamma, max_new_tokens=per_row_max_new(mixed_prompts),
         temperature=0.0, eos_token_id=EOS,

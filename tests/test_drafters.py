@@ -1,0 +1,58 @@
+"""Prompt-lookup drafting: proposals against a brute-force reference, argument checks, and where it wins."""
+
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.drafters import PromptLookup
+from helpers import count_compiles
+
+
+def reference_propose(row: list[int], length: int, gamma: int, max_n: int, min_n: int) -> list[int]:
+    """Plain-Python prompt lookup: the latest earlier occurrence of the longest matching suffix n-gram."""
+    toks = row[:length]
+    for n in range(max_n, min_n - 1, -1):
+        if length <= n:
+            continue
+        suffix = toks[length - n :]
+        for j in range(length - n - 1, -1, -1):  # latest window that ends before the last token
+            if toks[j : j + n] == suffix:
+                seg = toks[j + n : length]  # what followed, repeated if it runs out
+                return [seg[k % len(seg)] for k in range(gamma)]
+    return [toks[-1]] * gamma
+
+
+@pytest.mark.parametrize("max_n,min_n", [(3, 1), (2, 2), (4, 2)])
+def test_proposals_match_reference(max_n, min_n):
+    rng = np.random.default_rng(max_n * 10 + min_n)
+    lookup = PromptLookup(max_n, min_n)
+    size, gamma = 40, 5
+    tokens = rng.integers(0, 4, (64, size)).astype(np.int32)  # 4 symbols: matches of every length happen
+    lengths = rng.integers(1, size + 1, 64).astype(np.int32)
+    got = np.asarray(lookup.propose(tokens, lengths, gamma))
+    for b in range(64):
+        assert got[b].tolist() == reference_propose(tokens[b].tolist(), int(lengths[b]), gamma, max_n, min_n), b
+
+
+def test_bad_drafter_arguments(target):
+    with pytest.raises(ValueError, match="max_ngram"):
+        PromptLookup(max_ngram=0)
+    with pytest.raises(ValueError, match="min_ngram \\(3\\) > max_ngram \\(2\\)"):
+        PromptLookup(max_ngram=2, min_ngram=3)
+    with count_compiles() as counts:
+        with pytest.raises(TypeError, match="draft must be a jaxspec.CausalLM, 'prompt_lookup'"):
+            jaxspec.generate(target, [[1, 2]], draft="prompt-lookup")
+    assert counts["compiles"] == 0
+
+
+def test_lookup_beats_a_random_draft_on_repetitive_text(target, small_draft):
+    """Where the output repeats its context (a random tiny model's greedy output falls into loops), copying is
+    accepted far more often than an unrelated draft model's guesses (~0.1 vs ~0.001 here)."""
+    rng = np.random.default_rng(1)
+    prompts = [np.tile(rng.integers(0, 96, 6), 4).tolist() for _ in range(6)]
+    kw = dict(max_new_tokens=48, temperature=0.0, gamma=4)
+    lookup = jaxspec.generate(target, prompts, draft=jaxspec.PromptLookup(3, 1), **kw)
+    model = jaxspec.generate(target, prompts, draft=small_draft, **kw)
+    assert lookup.tokens == jaxspec.generate(target, prompts, **kw).tokens
+    assert lookup.stats.acceptance_rate > max(0.05, 10 * model.stats.acceptance_rate)
+    assert lookup.stats.tokens_per_round > 1.3 > model.stats.tokens_per_round
