@@ -21,7 +21,7 @@ from jaxspec.hf_export import export_hf
 from jaxspec.drafters import PromptLookup
 from jaxspec.model import CausalLM
 from jaxspec.models import llama
-from jaxspec import multihost, sharding
+from jaxspec import multihost, policy, sharding
 from jaxspec.sharding import shard
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "llama",
     "load",
     "multihost",
+    "policy",
     "save",
     "shard",
     "sharding",

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import loop, sharding
+from jaxspec import loop, policy as policy_lib, sharding
 from jaxspec.drafters import PromptLookup, as_drafter
 from jaxspec.model import CausalLM
 from jaxspec.sampling import SamplingParams
@@ -77,6 +77,7 @@ class Stats(_Counts):
     wall_time_s: float = 0.0  # run time on device, compilation excluded
     compile_time_s: float = 0.0  # compilation during this call (0 when the shapes were seen before)
     rows: tuple[RowStats, ...] = ()
+    policy: dict | None = None  # gamma="auto": the decision and its inputs (α estimate, c, v, expected speed-ups)
 
     @property
     def target_passes(self) -> int:
@@ -220,6 +221,9 @@ class Prepared:
     num_rows: int
     tokenizer: object
     shard_draft: bool = True
+    decision: policy_lib.Decision | None = None
+    policy: policy_lib.AutoGamma | None = None
+    draft: object = None  # the drafter actually used (None for plain decoding)
 
 
 def prepare(
@@ -239,6 +243,7 @@ def prepare(
     chat=False,
     mesh=None,
     shard_draft=True,
+    policy=None,
 ) -> Prepared:
     """Check every argument and build the static spec and traced inputs. Raises ``ValueError`` on bad input."""
     if not isinstance(target, CausalLM):
@@ -256,8 +261,13 @@ def prepare(
                 f"draft vocab_size ({draft.vocab_size}) != target vocab_size ({target.vocab_size}); "
                 "draft and target must share one vocabulary"
             )
-    if not _is_int(gamma) or gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    auto = isinstance(gamma, str) and gamma == "auto"
+    if not auto and (not _is_int(gamma) or gamma < 1):
+        raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
+    if auto and draft is None:
+        raise ValueError("gamma='auto' needs a draft (a model or 'prompt_lookup') to decide between")
+    if policy is not None and not isinstance(policy, policy_lib.AutoGamma):
+        raise ValueError(f"policy must be a jaxspec.policy.AutoGamma or None, got {policy!r}")
     if not _is_real(temperature) or not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None and (not _is_int(top_k) or top_k < 0):
@@ -302,6 +312,14 @@ def prepare(
             raise ValueError(f"eos_token_id must be None or int(s) in [0, {vocab}), got {eos_token_id!r}")
 
     lengths = np.asarray([len(p) for p in rows])
+    decision = None
+    if auto:  # every check above has passed: measuring costs (it compiles model steps) is safe now
+        policy = policy or policy_lib.DEFAULT
+        decision = policy.decide(target, lookup or draft, bucket_batch(n) , bucket_cache(int(np.max(lengths + max_new)))
+                                 if max_length is None else max_length, int(np.mean(max_new)), temperature == 0)
+        gamma = decision.gamma
+        if gamma == 0:
+            draft = lookup = None
     g = gamma if draft is not None or lookup is not None else 0
     if max_length is None:
         cache_len = bucket_cache(int(np.max(lengths + max_new)))
@@ -341,7 +359,7 @@ def prepare(
     )
     if mesh is not None:
         inputs = _place_inputs(inputs, mesh)
-    return Prepared(spec, inputs, n, target.tokenizer, shard_draft)
+    return Prepared(spec, inputs, n, target.tokenizer, shard_draft, decision, policy, lookup or draft)
 
 
 def _place_inputs(inputs: loop.LoopInputs, mesh) -> loop.LoopInputs:
@@ -415,6 +433,7 @@ def _result(prep: Prepared, state: loop.State, wall: float, compile_s: float, na
         wall_time_s=wall,
         compile_time_s=compile_s,
         rows=tuple(row_stats),
+        policy=None if prep.decision is None else prep.decision.as_dict(),
     )
     texts = None if prep.tokenizer is None else [_decode(prep.tokenizer, t) for t in out_tokens]
     result = GenerationResult(out_tokens, out_lp, reasons, stats, texts)
@@ -445,7 +464,10 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str 
       draft: a cheaper ``CausalLM`` with the same vocabulary; ``"prompt_lookup"`` (or a ``jaxspec.PromptLookup``)
         to draft by copying n-grams from the row's own prompt and output, with no draft model; or None for plain
         autoregressive decoding.
-      gamma: draft tokens per round (static: each value compiles once).
+      gamma: draft tokens per round (static: each value compiles once), or ``"auto"``: pick γ among a few
+        compiled values, or plain decoding, from measured costs and the acceptance seen so far
+        (``jaxspec.policy``; the decision and its inputs are in ``stats.policy``).
+      policy: with ``gamma="auto"``, a ``jaxspec.policy.AutoGamma`` (default: the process-wide one).
       max_new_tokens: int or one int per prompt (traced).
       temperature, top_k, top_p: warping applied to target and draft alike (traced: never recompiles).
         temperature 0 is greedy. top_k 0/None and top_p 1/None mean off.
@@ -472,7 +494,15 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str 
     state, compile_s = loop.generate_program(prep.spec, tparams, dparams, prep.inputs)
     state = jax.block_until_ready(state)
     wall = time.perf_counter() - start - compile_s
-    return _result(prep, state, wall, compile_s, _names(target, draft))
+    return _observe(prep, target, _result(prep, state, wall, compile_s, _names(target, draft)))
+
+
+def _observe(prep: Prepared, target: CausalLM, result: GenerationResult) -> GenerationResult:
+    """gamma="auto": feed the acceptance seen in this call back into the policy's running estimate."""
+    if prep.decision is not None and result.stats.drafted:
+        greedy = bool(np.asarray(prep.inputs.sampling.temperature) == 0)
+        prep.policy.observe(target, prep.draft, greedy, result.stats.accepted, result.stats.drafted)
+    return result
 
 
 class Stream:
@@ -518,7 +548,7 @@ class Stream:
             if done.all():
                 break
         wall = time.perf_counter() - start - compile_s
-        self.result = _result(prep, state, wall, compile_s, _names(target, self._draft))
+        self.result = _observe(prep, target, _result(prep, state, wall, compile_s, _names(target, self._draft)))
 
 
 def stream(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str | None = None, **kwargs) -> Stream:

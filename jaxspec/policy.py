@@ -1,0 +1,141 @@
+"""Automatic γ: speculate with the γ that maximizes expected tokens/s, or decode plainly when nothing pays.
+
+Cost model, in units of one target step at the call's batch size and cache length (each measured once per
+(model pair, batch bucket, cache bucket) by timing the jitted model steps, then cached):
+
+    c      = draft step ÷ target step                          (batch-size dependent)
+    v(γ)   = target pass over γ+1 tokens ÷ target step         (the batch-size cost of verification: ~1 when
+                                                                 memory-bound, up to γ+1 when compute-bound)
+    p      = draft prefill ÷ target step                       (paid once per call)
+
+With the running acceptance estimate α (per model pair, greedy and sampled apart; a Beta prior until enough
+drafts are seen), a call of N new tokens costs N steps plainly and ``p + (N / τ)(γc + v(γ))`` speculatively,
+with τ = min((1 − α^(γ+1)) / (1 − α), N) (a round cannot emit more than is left: short outputs gain little).
+The policy picks the γ with the largest expected speed-up and speculates only if it exceeds ``margin``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+GAMMAS = (1, 2, 4, 6)
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    c: float
+    v: dict  # γ -> verify(γ+1 tokens) ÷ step
+    prefill: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    gamma: int  # 0 = plain decoding
+    alpha: float  # the acceptance estimate used
+    alpha_observed_drafts: int  # drafts behind that estimate (0: the prior alone)
+    c: float
+    v: dict
+    expected_speedup: dict  # γ -> expected speed-up over plain decoding
+    reason: str
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def expected_speedup(alpha: float, gamma: int, c: float, v: float, new_tokens: int, prefill: float = 0.0) -> float:
+    """Plain time ÷ speculative time for ``new_tokens`` tokens (see the module docstring)."""
+    tau = min(sum(alpha**i for i in range(gamma + 1)), float(new_tokens))
+    return new_tokens / (prefill + new_tokens / tau * (gamma * c + v))
+
+
+@functools.lru_cache(maxsize=None)
+def _step(apply_fn):
+    return jax.jit(apply_fn, donate_argnums=3)
+
+
+def _time_step(model, batch: int, cache_len: int, tokens: int, iters: int = 5) -> float:
+    fn = _step(model.apply_fn)
+    toks = jnp.zeros((batch, tokens), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32) + cache_len // 2, (batch, tokens))
+    cache = model.init_cache(batch, cache_len)
+    times = []
+    for i in range(iters + 2):  # compile + warm-up
+        start = time.perf_counter()
+        _, cache = jax.block_until_ready(fn(model.params, toks, pos, cache))
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _key(model):
+    """A model's identity for the caches: name, forward function and weights (a drafter object keys itself)."""
+    if not hasattr(model, "apply_fn"):
+        return model
+    leaves = jax.tree.leaves(model.params)
+    return (model.name, model.apply_fn, id(leaves[0]) if leaves else 0)
+
+
+class AutoGamma:
+    """The ``gamma="auto"`` policy: a cost cache and running acceptance estimates (one instance per process is
+    enough: ``jaxspec.policy.DEFAULT``)."""
+
+    def __init__(self, gammas=GAMMAS, prior_alpha: float = 0.6, prior_drafts: int = 20, margin: float = 1.05):
+        if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
+            raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
+        self.gammas = tuple(sorted(set(gammas)))
+        self.prior_alpha, self.prior_drafts, self.margin = prior_alpha, prior_drafts, margin
+        self._costs: dict = {}
+        self._counts: dict = {}  # (pair, greedy) -> [accepted, drafted]
+
+    def costs(self, target, draft, batch: int, cache_len: int) -> Costs:
+        key = (_key(target), _key(draft), batch, cache_len)
+        if key not in self._costs:
+            step = _time_step(target, batch, cache_len, 1)
+            v = {g: _time_step(target, batch, cache_len, g + 1) / step for g in self.gammas}
+            if hasattr(draft, "apply_fn"):
+                c = _time_step(draft, batch, cache_len, 1) / step
+                prefill = _time_step(draft, batch, cache_len, min(64, cache_len // 2)) / step
+            else:  # prompt lookup: no model
+                c, prefill = 0.0, 0.0
+            self._costs[key] = Costs(c, v, prefill)
+        return self._costs[key]
+
+    def alpha(self, target, draft, greedy: bool) -> tuple[float, int]:
+        acc, drafted = self._counts.get(self._pair(target, draft, greedy), (0, 0))
+        w = self.prior_drafts
+        return (acc + self.prior_alpha * w) / (drafted + w), drafted
+
+    def observe(self, target, draft, greedy: bool, accepted: int, drafted: int) -> None:
+        counts = self._counts.setdefault(self._pair(target, draft, greedy), [0, 0])
+        counts[0] += accepted
+        counts[1] += drafted
+
+    def set_alpha(self, target, draft, greedy: bool, alpha: float, drafts: int = 10_000) -> None:
+        """Overwrite the running estimate (tests, or a value known from a previous run)."""
+        self._counts[self._pair(target, draft, greedy)] = [alpha * drafts, drafts]
+
+    def decide(self, target, draft, batch: int, cache_len: int, new_tokens: int, greedy: bool) -> Decision:
+        costs = self.costs(target, draft, batch, cache_len)
+        alpha, seen = self.alpha(target, draft, greedy)
+        gains = {g: expected_speedup(alpha, g, costs.c, costs.v[g], new_tokens, costs.prefill) for g in self.gammas}
+        best = max(gains, key=gains.get)
+        if gains[best] >= self.margin:
+            reason = f"γ={best} expected {gains[best]:.2f}× plain"
+            chosen = best
+        else:
+            reason = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
+            chosen = 0
+        return Decision(chosen, alpha, seen, costs.c, dict(costs.v), gains, reason)
+
+    @staticmethod
+    def _pair(target, draft, greedy: bool) -> tuple:
+        return (_key(target), _key(draft), bool(greedy))
+
+
+DEFAULT = AutoGamma()

@@ -1,0 +1,72 @@
+"""gamma="auto": the expected-speed-up formula, decisions at forced low/high α, running estimates, cost caching."""
+
+import pytest
+
+import jaxspec
+from jaxspec.policy import AutoGamma, expected_speedup
+from helpers import count_compiles
+
+
+def test_expected_speedup_by_hand():
+    # α = 0.8, γ = 4: τ = 1 + .8 + .64 + .512 + .4096 = 3.3616; c = 0.1, v = 1.2 -> 3.3616 / 1.6 = 2.101
+    assert expected_speedup(0.8, 4, 0.1, 1.2, 1000) == pytest.approx(3.3616 / 1.6, rel=1e-9)
+    # prefill of the draft is paid once per call: 100 tokens, p = 5 -> 100 / (5 + 100 / 3.3616 * 1.6)
+    assert expected_speedup(0.8, 4, 0.1, 1.2, 100, prefill=5) == pytest.approx(100 / (5 + 100 / 3.3616 * 1.6))
+    # a round cannot emit more than the output needs: 2 tokens at α = 1 gain at most 2 / (γc + v)
+    assert expected_speedup(1.0, 4, 0.1, 1.0, 2) == pytest.approx(2 / 1.4)
+    assert expected_speedup(0.0, 4, 0.1, 1.0, 100) < 1  # nothing accepted: speculation is pure cost
+
+
+def test_policy_goes_plain_at_low_alpha_and_speculates_at_high(target, small_draft):
+    policy = AutoGamma()
+    kw = dict(draft=small_draft, gamma="auto", policy=policy, max_new_tokens=24, temperature=0.0)
+    policy.set_alpha(target, small_draft, True, 0.02)
+    low = jaxspec.generate(target, [[1, 2, 3]], **kw)
+    assert low.stats.mode == "plain" and low.stats.policy["gamma"] == 0
+    assert "below the margin" in low.stats.policy["reason"]
+    assert low.tokens == jaxspec.generate(target, [[1, 2, 3]], max_new_tokens=24, temperature=0.0).tokens
+    policy.set_alpha(target, small_draft, True, 0.97)
+    high = jaxspec.generate(target, [[1, 2, 3]], **kw)
+    assert high.stats.mode == "speculative" and high.stats.gamma == high.stats.policy["gamma"] >= 2
+    p = high.stats.policy
+    assert p["alpha"] == pytest.approx(0.97, abs=0.01) and set(p["v"]) == set(policy.gammas)
+    assert max(p["expected_speedup"].values()) == p["expected_speedup"][p["gamma"]] > policy.margin
+    assert high.tokens == low.tokens  # greedy: the same text either way
+
+
+def test_running_alpha_learns_from_calls(target):
+    """The draft equal to the target is always accepted: the estimate moves from the prior towards 1."""
+    policy = AutoGamma(prior_alpha=0.3, prior_drafts=20)
+    first = jaxspec.generate(target, [[5, 6]], draft=target, gamma="auto", policy=policy, max_new_tokens=30,
+                             temperature=0.0)
+    assert first.stats.policy["alpha"] == pytest.approx(0.3) and first.stats.policy["alpha_observed_drafts"] == 0
+    if first.stats.mode == "speculative":  # at prior 0.3 the policy may or may not speculate on this CPU
+        alpha, seen = policy.alpha(target, target, True)
+        assert seen == first.stats.drafted > 0 and alpha > 0.3
+    policy.observe(target, target, True, accepted=200, drafted=200)
+    alpha, seen = policy.alpha(target, target, True)
+    assert alpha > 0.85 and seen >= 200
+    assert policy.alpha(target, target, False)[0] == pytest.approx(0.3)  # sampled calls keep their own estimate
+
+
+def test_costs_are_measured_once(target, small_draft):
+    policy = AutoGamma()
+    policy.decide(target, small_draft, 1, 64, 32, True)
+    with count_compiles() as counts:
+        again = policy.decide(target, small_draft, 1, 64, 32, False)
+    assert counts["compiles"] == 0 and again.c > 0
+    lookup = policy.decide(target, jaxspec.PromptLookup(), 1, 64, 32, True)
+    assert lookup.c == 0.0  # copying costs no model step
+
+
+def test_auto_argument_errors(target, small_draft):
+    with count_compiles() as counts:
+        with pytest.raises(ValueError, match="gamma='auto' needs a draft"):
+            jaxspec.generate(target, [[1]], gamma="auto")
+        with pytest.raises(ValueError, match="gamma must be an int >= 1 or 'auto'"):
+            jaxspec.generate(target, [[1]], draft=small_draft, gamma="fast")
+        with pytest.raises(ValueError, match="policy must be a jaxspec.policy.AutoGamma"):
+            jaxspec.generate(target, [[1]], draft=small_draft, gamma="auto", policy="greedy")
+    assert counts["compiles"] == 0
+    with pytest.raises(ValueError, match="gammas must be ints"):
+        AutoGamma(gammas=(0, 2))
