@@ -17,6 +17,7 @@ from jaxspec.generate import (
     stream,
 )
 from jaxspec.checkpoint import load, save
+from jaxspec.distill import distill
 from jaxspec.hf_export import export_hf
 from jaxspec.drafters import PromptLookup
 from jaxspec.model import CausalLM
@@ -33,6 +34,7 @@ __all__ = [
     "Stats",
     "Stream",
     "StreamStep",
+    "distill",
     "export_hf",
     "generate",
     "llama",

@@ -1,0 +1,356 @@
+"""Draft distillation: train a draft to match the target's next-token distribution on the target's own outputs.
+
+    result = jaxspec.distill.distill(target, draft, prompts, out_dir="runs/distill", steps=200, loss="fkl")
+    result.draft                                 # the same draft (apply_fn, config, tokenizer) with new params
+    result.alpha_before, result.alpha_after      # {"greedy": α, "t1": α} on the held-out prompts
+
+    python -m jaxspec.distill --target jaxspec/code-target --draft jaxspec/code-draft --prompts p.jsonl \\
+        --out runs/distill --steps 200 --save-draft checkpoints/code-draft-distilled
+
+Each step draws ``batch_size`` training prompts and continues them with ``jaxspec.generate`` at ``temperature``:
+a fraction ``on_policy`` of the rows with the current draft (DistillSpec's on-policy data), the rest with the
+target. The loss compares the target's and the draft's temperature-warped next-token distributions at every
+position that predicts a generated token (the last prompt position included): forward KL(p‖q), reverse KL(q‖p)
+or total variation ½Σ|p−q| (1 − TVD is the acceptance probability of one draft token, so "tvd" optimizes α
+directly). The batch and the generation seeds are pure functions of (seed, step), the held-out split is
+positional, and params, optimizer state, step and last loss are checkpointed with orbax in ``out_dir``: a killed
+run resumes to exactly the parameters of an uninterrupted one. The learning rate, warmup, step count and
+temperature are traced: the train step compiles once per (models, loss, batch shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
+
+from jaxspec.generate import _is_int, _is_real, _next_pow2, _tokenize, generate
+from jaxspec.model import CausalLM
+
+LOSSES = ("fkl", "rkl", "tvd")
+LOG_FILE = "distill_log.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillResult:
+    draft: CausalLM  # the input draft with the distilled params
+    alpha_before: dict  # {"greedy": α at temperature 0, "t1": α at temperature 1} on the held-out prompts
+    alpha_after: dict
+    steps: int  # total optimizer steps in the checkpoint (including steps of an earlier, resumed run)
+    loss: float  # loss of the last step (from the checkpoint when this call had nothing left to train)
+    log: list  # the records written to out_dir/distill_log.jsonl by this call
+
+
+# --------------------------------------------------------------------------------------------- prompts
+
+
+def read_prompts(path) -> list:
+    """Prompts from a JSONL file: ``{"prompt": str | [ids]}`` or Spec-Bench style ``{"turns": [first, ...]}``
+    (the first turn is used) per line; blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompts file {path} does not exist")
+    out = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {lineno} is not valid JSON ({err.msg})") from None
+        if isinstance(record, dict) and "prompt" in record:
+            prompt = record["prompt"]
+        elif isinstance(record, dict) and isinstance(record.get("turns"), list) and record["turns"]:
+            prompt = record["turns"][0]
+        else:
+            raise ValueError(f'{path}: line {lineno} has neither "prompt" nor a non-empty "turns" list')
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_int(t) for t in prompt))):
+            raise ValueError(f"{path}: line {lineno}: the prompt must be a string or a list of token ids")
+        out.append(prompt)
+    if not out:
+        raise ValueError(f"prompts file {path} has no prompts")
+    return out
+
+
+def _prompt_ids(target: CausalLM, prompts, name: str) -> list[list[int]]:
+    if isinstance(prompts, (str, os.PathLike)):
+        prompts = read_prompts(prompts)
+    if isinstance(prompts, np.ndarray):
+        prompts = prompts.tolist()
+    if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+        raise ValueError(f"{name} must be a non-empty list of strings or token-id lists, or a JSONL path")
+    try:
+        rows = _tokenize(target, list(prompts))
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    for i, p in enumerate(rows):
+        if not p:
+            raise ValueError(f"{name}[{i}] is empty; every prompt needs at least one token")
+        if not all(0 <= t < target.vocab_size for t in p):
+            raise ValueError(f"{name}[{i}] has a token id outside the vocabulary [0, {target.vocab_size})")
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- loss and step
+
+
+def divergence(kind: str, target_logits, draft_logits, temperature) -> jax.Array:
+    """Per-position divergence ``[...]`` between the temperature-warped target (p) and draft (q) distributions."""
+    log_p = jax.nn.log_softmax(target_logits.astype(jnp.float32) / temperature, axis=-1)
+    log_q = jax.nn.log_softmax(draft_logits.astype(jnp.float32) / temperature, axis=-1)
+    p, q = jnp.exp(log_p), jnp.exp(log_q)
+    if kind == "fkl":
+        return jnp.sum(p * (log_p - log_q), axis=-1)
+    if kind == "rkl":
+        return jnp.sum(q * (log_q - log_p), axis=-1)
+    if kind == "tvd":
+        return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+    raise ValueError(f"loss must be one of {list(LOSSES)}, got {kind!r}")
+
+
+def learning_rate_at(count, learning_rate, warmup, steps):
+    """Linear warmup from 0 over ``warmup`` steps, then cosine decay to ``learning_rate / 10`` at ``steps``
+    (optax's ``warmup_cosine_decay_schedule``), written with ``jnp`` so every argument may be traced."""
+    count = jnp.asarray(count, jnp.float32)
+    warm = learning_rate * count / jnp.maximum(warmup, 1)
+    frac = jnp.clip((count - warmup) / jnp.maximum(steps - warmup, 1), 0.0, 1.0)
+    decayed = learning_rate / 10 + 0.9 * learning_rate * 0.5 * (1 + jnp.cos(jnp.pi * frac))
+    return jnp.where(count < warmup, warm, decayed)
+
+
+def optimizer(learning_rate, warmup, steps) -> optax.GradientTransformation:
+    """AdamW (no weight decay) on the schedule above, after clipping the global gradient norm to 1. The state's
+    structure does not depend on the arguments, so they are traced in the train step: never recompiled."""
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+        lambda count: learning_rate_at(count, learning_rate, warmup, steps), weight_decay=0.0))
+
+
+def _logits(apply_fn, init_cache, params, tokens):
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    return apply_fn(params, tokens, positions, init_cache(*tokens.shape))[0]
+
+
+@functools.lru_cache(maxsize=None)
+def train_step_fn(target: tuple, draft: tuple, kind: str):
+    """Jitted ``(params, opt_state, target_params, tokens, mask, temperature, schedule) -> (params, opt_state,
+    loss)`` with ``target``/``draft`` = ``(apply_fn, init_cache)`` and ``schedule`` = ``[learning_rate, warmup,
+    steps]`` (float32, traced). Cached: repeated or resumed runs reuse the compiled step."""
+
+    def loss_fn(params, target_params, tokens, mask, temperature):
+        t_logits = jax.lax.stop_gradient(_logits(*target, target_params, tokens))
+        d = divergence(kind, t_logits, _logits(*draft, params, tokens), temperature)
+        return jnp.sum(d * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+    @jax.jit
+    def step(params, opt_state, target_params, tokens, mask, temperature, schedule):
+        loss, grads = jax.value_and_grad(loss_fn)(params, target_params, tokens, mask, temperature)
+        updates, opt_state = optimizer(*schedule).update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+def _batch_at(target: CausalLM, draft: CausalLM, prompts: list[list[int]], step: int, *, seed: int,
+              batch_size: int, on_policy: float, max_new_tokens: int, temperature: float):
+    """``(tokens [B, T] int32, mask [B, T] float32)`` for ``step``: a pure function of (seed, step) and the
+    models. Rows ``< round(on_policy * B)`` are continued by ``draft``, the rest by ``target``; ``mask`` marks
+    the positions whose next token was generated. ``T`` is a power of two (>= 16): few train-step compiles."""
+    rng = np.random.default_rng([seed, step])
+    rows = [prompts[i] for i in rng.integers(0, len(prompts), size=batch_size)]
+    gen_seed, draft_seed = (int(x) for x in rng.integers(0, 2**31, size=2))
+    n_draft = int(round(on_policy * batch_size))
+    eos = target.eos_token_id if target.eos_token_id is not None else ()
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos)
+    outs = []
+    if n_draft:
+        outs += generate(draft, rows[:n_draft], seed=draft_seed, **kw).tokens
+    if n_draft < batch_size:
+        outs += generate(target, rows[n_draft:], seed=gen_seed, **kw).tokens
+    length = _next_pow2(max(len(p) + len(o) for p, o in zip(rows, outs)), 16)
+    tokens = np.zeros((batch_size, length), np.int32)
+    mask = np.zeros((batch_size, length), np.float32)
+    for b, (p, o) in enumerate(zip(rows, outs)):
+        tokens[b, : len(p) + len(o)] = p + o
+        mask[b, len(p) - 1 : len(p) + len(o) - 1] = 1.0
+    return tokens, mask
+
+
+def measure_alpha(target: CausalLM, draft: CausalLM, prompts, *, gamma: int = 4, max_new_tokens: int = 64,
+                  seed: int = 0) -> dict:
+    """Acceptance rate α of ``draft`` for ``target`` on ``prompts``: greedy (temperature 0) and at temperature 1."""
+    out = {}
+    for name, temp in (("greedy", 0.0), ("t1", 1.0)):
+        rate = generate(target, prompts, draft=draft, gamma=gamma, temperature=temp, max_new_tokens=max_new_tokens,
+                        seed=seed).stats.acceptance_rate
+        out[name] = float("nan") if rate is None else float(rate)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- distill
+
+
+def _check(target, draft, *, steps, batch_size, max_new_tokens, learning_rate, warmup, seed, loss, temperature,
+           on_policy, gamma, checkpoint_every, log_every):
+    if not isinstance(target, CausalLM):
+        raise TypeError(f"target must be a jaxspec.CausalLM, got {type(target).__name__}")
+    if not isinstance(draft, CausalLM):
+        raise TypeError(f"draft must be a jaxspec.CausalLM, got {type(draft).__name__}")
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"draft vocab_size ({draft.vocab_size}) != target vocab_size ({target.vocab_size}); "
+                         "draft and target must share one vocabulary")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {list(LOSSES)} (forward KL, reverse KL, total variation), "
+                         f"got {loss!r}")
+    if not _is_real(on_policy) or not 0 <= on_policy <= 1:
+        raise ValueError(f"on_policy must be a number in [0, 1], got {on_policy!r}")
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("max_new_tokens", max_new_tokens),
+                        ("gamma", gamma), ("checkpoint_every", checkpoint_every), ("log_every", log_every)):
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if not _is_real(temperature) or not np.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0 for distillation (the loss compares "
+                         f"temperature-warped distributions; 0 would be greedy, which has none), got {temperature!r}")
+    if not _is_real(learning_rate) or not np.isfinite(learning_rate) or learning_rate <= 0:
+        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
+    if warmup is not None and (not _is_int(warmup) or not 0 <= warmup <= steps):
+        raise ValueError(f"warmup must be None or an int in [0, steps={steps}], got {warmup!r}")
+    if not _is_int(seed) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+
+
+def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int = 200, batch_size: int = 8,
+            max_new_tokens: int = 64, learning_rate: float = 1e-3, warmup: int | None = None, seed: int = 0,
+            loss: str = "fkl", temperature: float = 1.0, on_policy: float = 0.0, heldout=None, gamma: int = 4,
+            checkpoint_every: int = 50, log_every: int = 10, progress: bool = True) -> DistillResult:
+    """Distill ``target`` into ``draft`` (see the module docstring); resumes from the latest checkpoint in ``out_dir``.
+
+    Args:
+      prompts: strings (needs ``target.tokenizer``), token-id lists, or a JSONL path (``read_prompts``).
+      heldout: prompts for the α report (same forms); None holds out the last 10% of ``prompts`` (at least one),
+        which are then not trained on.
+      warmup: learning-rate warmup steps (then cosine decay to ``learning_rate / 10``); None: ``steps // 10``.
+      loss: "fkl", "rkl" or "tvd", on distributions warped by ``temperature`` (> 0), which also samples the data.
+      on_policy: fraction of each batch (rounded to whole rows) continued by the current draft.
+      log_every: steps per record in ``out_dir/distill_log.jsonl`` (and ``result.log``).
+    Raises ``ValueError`` (or ``FileNotFoundError`` for a missing prompts file) before anything compiles.
+    """
+    _check(target, draft, steps=steps, batch_size=batch_size, max_new_tokens=max_new_tokens,
+           learning_rate=learning_rate, warmup=warmup, seed=seed, loss=loss, temperature=temperature,
+           on_policy=on_policy, gamma=gamma, checkpoint_every=checkpoint_every, log_every=log_every)
+    rows = _prompt_ids(target, prompts, "prompts")
+    if heldout is None:
+        if len(rows) < 2:
+            raise ValueError("prompts must hold at least 2 prompts when heldout=None (the last 10% are held "
+                             "out for the α report); pass heldout=... explicitly")
+        n_held = max(1, len(rows) // 10)
+        rows, held = rows[:-n_held], rows[-n_held:]
+    else:
+        held = _prompt_ids(target, heldout, "heldout")
+    warmup = steps // 10 if warmup is None else warmup
+
+    out_dir = Path(out_dir).resolve()
+    step_fn = train_step_fn((target.apply_fn, target.init_cache), (draft.apply_fn, draft.init_cache), loss)
+    schedule = jnp.asarray([learning_rate, warmup, steps], jnp.float32)
+    state = {"params": draft.params, "opt_state": optimizer(*schedule).init(draft.params), "step": jnp.int32(0),
+             "loss": jnp.float32(jnp.nan)}
+    manager = ocp.CheckpointManager(out_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+    bar = tqdm(total=steps, disable=not progress, desc=f"distill ({loss})")
+    try:
+        start = 0
+        if manager.latest_step() is not None:
+            try:
+                state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
+            except Exception as err:  # orbax raises many kinds; all mean the same to a user
+                raise ValueError(f"out_dir {out_dir} holds a checkpoint (step {manager.latest_step()}) that does not "
+                                 f"match this draft; use a new out_dir ({type(err).__name__}: {str(err)[:200]})"
+                                 ) from err
+            start = int(state["step"])
+            bar.update(min(start, steps))
+        alpha_before = measure_alpha(target, draft, held, gamma=gamma, max_new_tokens=max_new_tokens, seed=seed)
+        params, opt_state, last = state["params"], state["opt_state"], state["loss"]
+        log, tokens_seen, t0 = [], 0, time.perf_counter()
+        temp = jnp.float32(temperature)
+        for step in range(start, steps):
+            tokens, mask = _batch_at(target, draft.replace(params=params), rows, step, seed=seed,
+                                     batch_size=batch_size, on_policy=on_policy, max_new_tokens=max_new_tokens,
+                                     temperature=temperature)
+            params, opt_state, last = step_fn(params, opt_state, target.params, tokens, mask, temp, schedule)
+            tokens_seen += int(mask.sum())
+            done = step + 1
+            if done % checkpoint_every == 0 or done == steps:
+                manager.save(done, args=ocp.args.StandardSave(
+                    {"params": params, "opt_state": opt_state, "step": jnp.int32(done), "loss": last}))
+            tok_s = tokens_seen / (time.perf_counter() - t0)
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(last):.4f}", tok_s=f"{tok_s:.0f}")
+            if done % log_every == 0 or done == steps:
+                record = {"step": done, "loss": float(last), "tok_s": tok_s, "loss_kind": loss}
+                log.append(record)
+                with (out_dir / LOG_FILE).open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+    finally:
+        bar.close()
+        manager.wait_until_finished()
+        manager.close()
+    new_draft = draft.replace(params=params)
+    alpha_after = measure_alpha(target, new_draft, held, gamma=gamma, max_new_tokens=max_new_tokens, seed=seed)
+    return DistillResult(new_draft, alpha_before, alpha_after, max(start, steps), float(last), log)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m jaxspec.distill", description=__doc__.split("\n")[0])
+    ap.add_argument("--target", required=True, help="target model: a directory or a shipped name")
+    ap.add_argument("--draft", required=True, help="draft model to distill: a directory or a shipped name")
+    ap.add_argument("--prompts", required=True, help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
+    ap.add_argument("--out", required=True, help="checkpoint directory (a killed run resumes from it)")
+    ap.add_argument("--heldout", help="JSONL file of held-out prompts (default: the last 10%% of --prompts)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--learning-rate", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loss", choices=LOSSES, default="fkl")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--on-policy", type=float, default=0.0)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--checkpoint-every", type=int, default=50)
+    ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
+    ap.add_argument("--save-draft", help="save the distilled draft here (jaxspec.save; must not exist)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    from jaxspec.checkpoint import load, save
+
+    target, draft = load(args.target, args.dtype), load(args.draft, args.dtype)
+    result = distill(target, draft, args.prompts, out_dir=args.out, heldout=args.heldout, steps=args.steps,
+                     batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                     learning_rate=args.learning_rate, warmup=args.warmup, seed=args.seed, loss=args.loss,
+                     temperature=args.temperature, on_policy=args.on_policy, gamma=args.gamma,
+                     checkpoint_every=args.checkpoint_every, progress=not args.no_progress)
+    for key in ("greedy", "t1"):
+        print(f"alpha {key}: {result.alpha_before[key]:.3f} -> {result.alpha_after[key]:.3f}")
+    print(f"steps {result.steps}, final loss {result.loss:.4f}")
+    if args.save_draft:
+        print(f"saved the distilled draft to {save(result.draft, args.save_draft)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
