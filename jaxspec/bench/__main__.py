@@ -28,7 +28,13 @@ def _shipped_mode(args):
     return shipped.run(args)
 
 
-MODES = {"single": single.run, "mesh": _mesh_mode, "shipped": _shipped_mode}
+def _sweep_mode(args):
+    from jaxspec.bench import sweep
+
+    return sweep.run(args)
+
+
+MODES = {"single": single.run, "mesh": _mesh_mode, "shipped": _shipped_mode, "sweep": _sweep_mode}
 
 # --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
 QUICK = dict(vocab=256, hidden=64, target_layers=2, draft_layers=1, max_new_tokens=16, repeats=1, step_iters=3,
@@ -69,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shipped", dest="mode", action="store_const", const="shipped",
                    help="measure the shipped pair (jaxspec/code-target + code-draft) on held-out prompts")
     p.add_argument("--shipped-prompts", type=int, help="use only the first N held-out prompts")
+    p.add_argument("--sweep", dest="mode", action="store_const", const="sweep",
+                   help="batch sizes x {plain, fixed γ, auto} on the shipped pair")
+    p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64],
+                   help="sweep batch sizes, comma-separated (default 1,4,16,64)")
+    p.add_argument("--plot", metavar="PNG", help="sweep: write the plot here")
     m = p.add_argument_group("mesh mode")
     m.add_argument("--mesh", metavar="SHAPES", nargs="?", const="all",
                    help="compare mesh shapes data x model, e.g. 1x8,2x4 (default: all factorizations)")
