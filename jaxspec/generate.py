@@ -451,7 +451,8 @@ def _result(prep: Prepared, state: loop.State, wall: float, compile_s: float, na
 
 
 def _names(target: CausalLM, draft) -> tuple[str, str]:
-    return f"target model {target.name!r}", f"draft {getattr(draft, 'name', draft)!r}"
+    kind = "draft model" if isinstance(draft, CausalLM) else "draft"
+    return f"target model {target.name!r}", f"{kind} {getattr(draft, 'name', draft)!r}"
 
 
 def generate(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str | None = None,
