@@ -1,0 +1,55 @@
+"""The shipped pair in checkpoints/: loads by name offline, shares one tokenizer, and generates exactly."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import jaxspec
+from jaxspec.checkpoint import shipped_dir
+
+PROMPT = "def read_config(path):\n    with open(path) as f:\n"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return jaxspec.load("jaxspec/code-target"), jaxspec.load("jaxspec/code-draft")
+
+
+def test_shipped_pair_is_small_enough_and_sized_as_documented(pair):
+    target, draft = pair
+    size = sum(f.stat().st_size for f in shipped_dir().rglob("*") if f.is_file())
+    assert size < 60 * 2**20, f"checkpoints/ is {size / 2**20:.1f} MiB"
+    assert target.num_params >= 10_000_000
+    assert target.num_params >= 10 * draft.num_params
+    assert target.config.num_layers > draft.config.num_layers
+
+
+def test_shared_tokenizer_round_trips_text(pair):
+    target, draft = pair
+    assert target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+    ids = target.tokenizer.encode(PROMPT)
+    assert target.tokenizer.decode(ids) == PROMPT and max(ids) < target.vocab_size
+    assert target.eos_token_id == target.tokenizer.eos_token_id is not None
+
+
+def test_shipped_pair_generates_exactly_and_agrees(pair):
+    target, draft = pair
+    prompts = [PROMPT, json.loads((shipped_dir() / "heldout_prompts.jsonl").open().readline())["prompt"]]
+    spec = jaxspec.generate(target, prompts, draft=draft, gamma=4, max_new_tokens=32, temperature=0.0)
+    plain = jaxspec.generate(target, prompts, max_new_tokens=32, temperature=0.0)
+    assert spec.tokens == plain.tokens and spec.texts == plain.texts
+    assert all(isinstance(t, str) and t for t in spec.texts)
+    # a trained pair agrees far more than random weights would (greedy α ≈ 0 for unrelated random models)
+    assert spec.stats.acceptance_rate > 0.3, spec.stats.summary()
+
+
+def test_unknown_shipped_name_lists_the_available_ones():
+    with pytest.raises(FileNotFoundError, match="available: .*jaxspec/code-draft.*jaxspec/code-target"):
+        jaxspec.load("jaxspec/code-nothing")
+
+
+def test_checkpoint_readme_documents_the_pair():
+    text = (Path(shipped_dir()) / "README.md").read_text()
+    for needle in ("python -m jaxspec.train", "held-out loss", "α", "speedup"):
+        assert needle in text, needle
