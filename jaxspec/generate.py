@@ -502,7 +502,8 @@ def _observe(prep: Prepared, target: CausalLM, result: GenerationResult) -> Gene
     """gamma="auto": feed the acceptance seen in this call back into the policy's running estimate."""
     if prep.decision is not None and result.stats.drafted:
         greedy = bool(np.asarray(prep.inputs.sampling.temperature) == 0)
-        prep.policy.observe(target, prep.draft, greedy, result.stats.accepted, result.stats.drafted)
+        prep.policy.observe(target, prep.draft, greedy, result.stats.accepted, result.stats.drafted,
+                            result.stats.accept_hist)
     return result
 
 

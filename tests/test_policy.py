@@ -3,7 +3,7 @@
 import pytest
 
 import jaxspec
-from jaxspec.policy import AutoGamma, expected_speedup
+from jaxspec.policy import AutoGamma, expected_speedup, expected_tokens
 from helpers import count_compiles
 
 
@@ -15,6 +15,21 @@ def test_expected_speedup_by_hand():
     # a round cannot emit more than the output needs: 2 tokens at α = 1 gain at most 2 / (γc + v)
     assert expected_speedup(1.0, 4, 0.1, 1.0, 2) == pytest.approx(2 / 1.4)
     assert expected_speedup(0.0, 4, 0.1, 1.0, 100) < 1  # nothing accepted: speculation is pure cost
+    # per-position acceptance: 1 + .9 + .9*.5 + .9*.5*.5 = 2.575 (the textbook formula is the all-equal case)
+    assert expected_tokens([0.9, 0.5, 0.5, 0.5], 3) == pytest.approx(2.575)
+    assert expected_tokens([0.8] * 4, 4) == pytest.approx(3.3616)
+
+
+def test_position_estimates_come_from_accept_histograms(target, small_draft):
+    policy = AutoGamma(gammas=(1, 2, 4), prior_alpha=0.5, prior_drafts=1)
+    # 10 rounds at γ=4: 2 rejected at position 1, 3 stopped at 2, 0 at 3, 1 at 4, 4 accepted everything
+    policy.observe(target, small_draft, True, accepted=3 * 1 + 1 * 3 + 4 * 4, drafted=40, accept_hist=(2, 3, 0, 1, 4))
+    a = policy.position_acceptance(target, small_draft, True)
+    # reached/accepted per position: 10/8, 8/5, 5/5, 5/4; with the prior (0.5 weight 1) added to each
+    assert a == pytest.approx(((8 + .5) / 11, (5 + .5) / 9, (5 + .5) / 6, (4 + .5) / 6))
+    # correlated acceptances: τ from the positions beats the textbook formula at α = accepted ÷ drafted
+    alpha = policy.alpha(target, small_draft, True)[0]
+    assert expected_tokens(a, 4) > expected_tokens([alpha] * 4, 4) + 0.5
 
 
 def test_policy_goes_plain_at_low_alpha_and_speculates_at_high(target, small_draft):

@@ -35,10 +35,13 @@ def run(args) -> dict:
         prompts = _batch_prompts(ids, batch)
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=temp, seed=args.seed)
         row = {"batch": batch}
-        for name, extra in modes.items():
+        for extra in modes.values():
             jaxspec.generate(target, prompts, **kw, **extra)  # compile / warm-up
-            runs = [jaxspec.generate(target, prompts, **kw, **extra) for _ in range(args.repeats)]
-            stats = [r.stats for r in runs]
+        runs = {name: [] for name in modes}
+        for _ in range(args.repeats):
+            for name, extra in modes.items():
+                runs[name].append(jaxspec.generate(target, prompts, **kw, **extra).stats)
+        for name, stats in runs.items():
             row[name] = {
                 "tok_s": statistics.median(s.tokens_per_s for s in stats),
                 "alpha": stats[-1].acceptance_rate,
