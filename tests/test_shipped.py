@@ -53,3 +53,25 @@ def test_checkpoint_readme_documents_the_pair():
     text = (Path(shipped_dir()) / "README.md").read_text()
     for needle in ("python -m jaxspec.train", "held-out loss", "α", "speedup"):
         assert needle in text, needle
+
+
+def test_cli_on_the_shipped_pair(tmp_path, capsys):
+    """The README's main command, small: the default models (the shipped pair), both input formats, resumable."""
+    from jaxspec import cli
+
+    assert cli.main(["generate", "def read_config(path):", "--max-new-tokens", "16"]) == 0
+    streamed = capsys.readouterr()
+    assert streamed.out.strip() and "α" in streamed.err
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [{"id": "a", "category": "code", "prompt": PROMPT},
+             {"question_id": 7, "category": "docs", "turns": ["The :mod:`json` module", "ignored"]}]
+    inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    argv = ["generate", "--input", str(inp), "--output", str(out), "--max-new-tokens", "16", "--no-progress"]
+    assert cli.main(argv) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(str(r["id"]) for r in records) == ["7", "a"]
+    assert all(r["new_tokens"] == len(r["token_ids"]) > 0 and r["accept_lengths"] for r in records)
+    summary = capsys.readouterr().out
+    assert "code" in summary and "docs" in summary
+    assert cli.main(argv) == 0  # rerun: nothing missing, nothing duplicated
+    assert len(out.read_text().splitlines()) == 2
