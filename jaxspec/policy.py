@@ -127,6 +127,10 @@ class AutoGamma:
             self._costs[key] = Costs(c, v, prefill)
         return self._costs[key]
 
+    def set_costs(self, target, draft, batch: int, cache_len: int, costs: Costs) -> None:
+        """Use ``costs`` instead of measuring them (tests, or figures measured elsewhere)."""
+        self._costs[(_key(target), _key(draft), batch, cache_len)] = costs
+
     def alpha(self, target, draft, greedy: bool) -> tuple[float, int]:
         acc, drafted = self._counts.get(self._pair(target, draft, greedy), (0, 0))
         w = self.prior_drafts
