@@ -165,10 +165,12 @@ def train_step_fn(target: tuple, draft: tuple, kind: str):
 
 
 def _batch_at(target: CausalLM, draft: CausalLM, prompts: list[list[int]], step: int, *, seed: int,
-              batch_size: int, on_policy: float, max_new_tokens: int, temperature: float):
+              batch_size: int, on_policy: float, max_new_tokens: int, temperature: float,
+              prompt_weight: float = 0.0):
     """``(tokens [B, T] int32, mask [B, T] float32)`` for ``step``: a pure function of (seed, step) and the
-    models. Rows ``< round(on_policy * B)`` are continued by ``draft``, the rest by ``target``; ``mask`` marks
-    the positions whose next token was generated. ``T`` is a power of two (>= 16): few train-step compiles."""
+    models. Rows ``< round(on_policy * B)`` are continued by ``draft``, the rest by ``target``; ``mask`` is 1 at
+    the positions whose next token was generated and ``prompt_weight`` at the positions inside the prompt that
+    predict a prompt token. ``T`` is a power of two (>= 16): few train-step compiles."""
     rng = np.random.default_rng([seed, step])
     rows = [prompts[i] for i in rng.integers(0, len(prompts), size=batch_size)]
     gen_seed, draft_seed = (int(x) for x in rng.integers(0, 2**31, size=2))
@@ -185,6 +187,7 @@ def _batch_at(target: CausalLM, draft: CausalLM, prompts: list[list[int]], step:
     mask = np.zeros((batch_size, length), np.float32)
     for b, (p, o) in enumerate(zip(rows, outs)):
         tokens[b, : len(p) + len(o)] = p + o
+        mask[b, : len(p) - 1] = prompt_weight
         mask[b, len(p) - 1 : len(p) + len(o) - 1] = 1.0
     return tokens, mask
 
@@ -204,7 +207,7 @@ def measure_alpha(target: CausalLM, draft: CausalLM, prompts, *, gamma: int = 4,
 
 
 def _check(target, draft, *, steps, batch_size, max_new_tokens, learning_rate, warmup, seed, loss, temperature,
-           on_policy, gamma, checkpoint_every, log_every):
+           on_policy, gamma, checkpoint_every, log_every, prompt_weight=0.0):
     if not isinstance(target, CausalLM):
         raise TypeError(f"target must be a jaxspec.CausalLM, got {type(target).__name__}")
     if not isinstance(draft, CausalLM):
@@ -217,6 +220,8 @@ def _check(target, draft, *, steps, batch_size, max_new_tokens, learning_rate, w
                          f"got {loss!r}")
     if not _is_real(on_policy) or not 0 <= on_policy <= 1:
         raise ValueError(f"on_policy must be a number in [0, 1], got {on_policy!r}")
+    if not _is_real(prompt_weight) or not np.isfinite(prompt_weight) or prompt_weight < 0:
+        raise ValueError(f"prompt_weight must be a finite number >= 0, got {prompt_weight!r}")
     for name, value in (("steps", steps), ("batch_size", batch_size), ("max_new_tokens", max_new_tokens),
                         ("gamma", gamma), ("checkpoint_every", checkpoint_every), ("log_every", log_every)):
         if not _is_int(value) or value < 1:
@@ -235,7 +240,8 @@ def _check(target, draft, *, steps, batch_size, max_new_tokens, learning_rate, w
 def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int = 200, batch_size: int = 8,
             max_new_tokens: int = 64, learning_rate: float = 1e-3, warmup: int | None = None, seed: int = 0,
             loss: str = "fkl", temperature: float = 1.0, on_policy: float = 0.0, heldout=None, gamma: int = 4,
-            checkpoint_every: int = 50, log_every: int = 10, progress: bool = True) -> DistillResult:
+            checkpoint_every: int = 50, log_every: int = 10, prompt_weight: float = 0.0,
+            progress: bool = True) -> DistillResult:
     """Distill ``target`` into ``draft`` (see the module docstring); resumes from the latest checkpoint in ``out_dir``.
 
     Args:
@@ -246,11 +252,15 @@ def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int =
       loss: "fkl", "rkl" or "tvd", on distributions warped by ``temperature`` (> 0), which also samples the data.
       on_policy: fraction of each batch (rounded to whole rows) continued by the current draft.
       log_every: steps per record in ``out_dir/distill_log.jsonl`` (and ``result.log``).
+      prompt_weight: loss weight of the positions inside the prompt (the target's distribution on the workload's
+        own text; 0 trains on generated positions only). The prompt positions come at no generation cost, so a
+        weight of 1 multiplies the signal per step when the prompts are long.
     Raises ``ValueError`` (or ``FileNotFoundError`` for a missing prompts file) before anything compiles.
     """
     _check(target, draft, steps=steps, batch_size=batch_size, max_new_tokens=max_new_tokens,
            learning_rate=learning_rate, warmup=warmup, seed=seed, loss=loss, temperature=temperature,
-           on_policy=on_policy, gamma=gamma, checkpoint_every=checkpoint_every, log_every=log_every)
+           on_policy=on_policy, gamma=gamma, checkpoint_every=checkpoint_every, log_every=log_every,
+           prompt_weight=prompt_weight)
     rows = _prompt_ids(target, prompts, "prompts")
     if heldout is None:
         if len(rows) < 2:
@@ -287,9 +297,9 @@ def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int =
         for step in range(start, steps):
             tokens, mask = _batch_at(target, draft.replace(params=params), rows, step, seed=seed,
                                      batch_size=batch_size, on_policy=on_policy, max_new_tokens=max_new_tokens,
-                                     temperature=temperature)
+                                     temperature=temperature, prompt_weight=prompt_weight)
             params, opt_state, last = step_fn(params, opt_state, target.params, tokens, mask, temp, schedule)
-            tokens_seen += int(mask.sum())
+            tokens_seen += int((mask > 0).sum())
             done = step + 1
             if done % checkpoint_every == 0 or done == steps:
                 manager.save(done, args=ocp.args.StandardSave(
@@ -330,6 +340,8 @@ def main(argv=None):
     ap.add_argument("--loss", choices=LOSSES, default="fkl")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--on-policy", type=float, default=0.0)
+    ap.add_argument("--prompt-weight", type=float, default=0.0,
+                    help="loss weight of the prompt's own positions (default 0: generated positions only)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
@@ -343,7 +355,8 @@ def main(argv=None):
                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                      learning_rate=args.learning_rate, warmup=args.warmup, seed=args.seed, loss=args.loss,
                      temperature=args.temperature, on_policy=args.on_policy, gamma=args.gamma,
-                     checkpoint_every=args.checkpoint_every, progress=not args.no_progress)
+                     checkpoint_every=args.checkpoint_every, prompt_weight=args.prompt_weight,
+                     progress=not args.no_progress)
     for key in ("greedy", "t1"):
         print(f"alpha {key}: {result.alpha_before[key]:.3f} -> {result.alpha_after[key]:.3f}")
     print(f"steps {result.steps}, final loss {result.loss:.4f}")

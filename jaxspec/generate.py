@@ -312,23 +312,45 @@ def prepare(
             raise ValueError(f"eos_token_id must be None or int(s) in [0, {vocab}), got {eos_token_id!r}")
 
     lengths = np.asarray([len(p) for p in rows])
-    decision = None
-    if auto:  # every check above has passed: measuring costs (it compiles model steps) is safe now
-        policy = policy or policy_lib.DEFAULT
-        decision = policy.decide(target, lookup or draft, bucket_batch(n) , bucket_cache(int(np.max(lengths + max_new)))
-                                 if max_length is None else max_length, int(np.mean(max_new)), temperature == 0)
-        gamma = decision.gamma
-        if gamma == 0:
-            draft = lookup = None
-    g = gamma if draft is not None or lookup is not None else 0
     if max_length is None:
         cache_len = bucket_cache(int(np.max(lengths + max_new)))
     else:
         cache_len = max_length
-    plen = min(_next_pow2(int(lengths.max()), 8), cache_len)
     batch = bucket_batch(n)
     data = sharding.axis_size(mesh, "data")
     batch = -(-batch // data) * data  # the batch splits evenly over the data axis
+
+    def spec_for(g: int) -> loop.LoopSpec:
+        use_draft = draft if g > 0 else None
+        return loop.LoopSpec(
+            target_apply=target.apply_fn,
+            target_init_cache=target.init_cache,
+            draft_apply=None if use_draft is None else use_draft.apply_fn,
+            draft_init_cache=None if use_draft is None else use_draft.init_cache,
+            gamma=g,
+            cache_len=cache_len,
+            mesh=mesh,
+            lookup=lookup if g > 0 else None,
+            **({} if acceptance is None else {"acceptance": acceptance}),
+        )
+
+    decision = None
+    if auto:  # every check above has passed: measuring costs (it compiles the candidate loops) is safe now
+        policy = policy or policy_lib.DEFAULT
+        greedy = temperature == 0
+        tparams, dparams = _placed_params(target, draft, mesh, shard_draft)
+
+        def round_timer(g: int) -> float:
+            return policy_lib.time_rounds(spec_for(g), tparams, dparams if g > 0 else None, batch, greedy)
+
+        mesh_key = None if mesh is None else (tuple(mesh.shape.items()), shard_draft)
+        decision = policy.decide(target, lookup or draft, batch, cache_len, int(np.mean(max_new)), greedy,
+                                 round_timer=round_timer, mesh_key=mesh_key)
+        gamma = decision.gamma
+        if gamma == 0:
+            draft = lookup = None
+    g = gamma if draft is not None or lookup is not None else 0
+    plen = min(_next_pow2(int(lengths.max()), 8), cache_len)
     prompt = np.zeros((batch, plen), np.int32)
     for i, p in enumerate(rows):
         prompt[i, : len(p)] = p
@@ -336,17 +358,7 @@ def prepare(
     eos_arr = np.full(_next_pow2(len(eos), 4), -1, np.int32)
     eos_arr[: len(eos)] = eos
 
-    spec = loop.LoopSpec(
-        target_apply=target.apply_fn,
-        target_init_cache=target.init_cache,
-        draft_apply=None if draft is None else draft.apply_fn,
-        draft_init_cache=None if draft is None else draft.init_cache,
-        gamma=g,
-        cache_len=cache_len,
-        mesh=mesh,
-        lookup=lookup,
-        **({} if acceptance is None else {"acceptance": acceptance}),
-    )
+    spec = spec_for(g)
     inputs = loop.LoopInputs(
         prompt=jnp.asarray(prompt),
         prompt_len=jnp.asarray(np.concatenate([lengths, np.ones(pad, np.int64)]), jnp.int32),
@@ -377,14 +389,17 @@ def _place_inputs(inputs: loop.LoopInputs, mesh) -> loop.LoopInputs:
 
 def _on_mesh(prep: Prepared, target: CausalLM, draft: CausalLM | None):
     """Target params sharded by their logical axes; the draft's too, or replicated with ``shard_draft=False``."""
-    mesh = prep.spec.mesh
+    return _placed_params(target, draft, prep.spec.mesh, prep.shard_draft)
+
+
+def _placed_params(target: CausalLM, draft, mesh, shard_draft: bool):
     if not isinstance(draft, CausalLM):
         draft = None  # no draft, or prompt lookup
     if mesh is None:
         return target.params, None if draft is None else draft.params
     target = sharding.shard(target, mesh)
     if draft is not None:
-        draft = sharding.shard(draft, mesh, replicate=not prep.shard_draft)
+        draft = sharding.shard(draft, mesh, replicate=not shard_draft)
     return target.params, None if draft is None else draft.params
 
 
@@ -492,10 +507,24 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str 
     prep = prepare(target, prompts, draft=draft, **kwargs)
     tparams, dparams = _on_mesh(prep, target, draft)
     start = time.perf_counter()
-    state, compile_s = loop.generate_program(prep.spec, tparams, dparams, prep.inputs)
+    if prep.decision is None:
+        state, compile_s = loop.generate_program(prep.spec, tparams, dparams, prep.inputs)
+    else:  # gamma="auto": the rounds program its cost measurement compiled, after a prefill
+        state, compile_s = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
+        state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, _scalar(prep, np.iinfo(np.int32).max))
+        compile_s += seconds
     state = jax.block_until_ready(state)
     wall = time.perf_counter() - start - compile_s
     return _observe(prep, target, _result(prep, state, wall, compile_s, _names(target, draft)))
+
+
+def _scalar(prep: Prepared, value: int) -> jax.Array:
+    """An int32 scalar argument for the loop programs (replicated over the mesh, if any)."""
+    if prep.spec.mesh is None:
+        return jnp.int32(value)
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    return sharding.put(np.int32(value), NamedSharding(prep.spec.mesh, P()))
 
 
 def _observe(prep: Prepared, target: CausalLM, result: GenerationResult) -> GenerationResult:
@@ -523,11 +552,7 @@ class Stream:
         emitted = sharding.to_host(prep.inputs.prompt_len)[:n].copy()
         plen = emitted.copy()
         texts_so_far = [""] * n
-        one = jnp.int32(1)
-        if prep.spec.mesh is not None:
-            from jax.sharding import NamedSharding, PartitionSpec as P
-
-            one = sharding.put(np.int32(1), NamedSharding(prep.spec.mesh, P()))
+        one = _scalar(prep, 1)
         while True:
             state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, one)
             compile_s += seconds

@@ -279,6 +279,45 @@ def run(spec: LoopSpec, target_params, draft_params, state: State, max_rounds) -
     return state
 
 
+def timing_state(spec: LoopSpec, batch: int, length: int, greedy: bool) -> State:
+    """A synthetic loop state for timing rounds (``jaxspec.policy``): ``batch`` running rows of ``length`` zero
+    tokens, empty (zero) caches, no EOS and no length limit, so every row keeps running. Built on device (placed
+    by ``state_shardings`` on ``spec.mesh``): no host transfer of the caches."""
+    return _timing_state_fn(spec, batch, length, greedy)()
+
+
+@functools.lru_cache(maxsize=None)
+def _timing_state_fn(spec: LoopSpec, batch: int, length: int, greedy: bool):
+    def make() -> State:
+        zeros = jnp.zeros((batch,), jnp.int32)
+        full = jnp.full((batch,), length, jnp.int32)
+        keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(batch, dtype=jnp.uint32))
+        return State(
+            tokens=jnp.zeros((batch, spec.cache_len), jnp.int32),
+            logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
+            length=full,
+            prompt_len=full,
+            max_new=jnp.full((batch,), spec.cache_len, jnp.int32),
+            done=jnp.zeros((batch,), bool),
+            finish=zeros,
+            row_keys=keys,
+            eos=jnp.full((4,), -1, jnp.int32),
+            sampling=SamplingParams.create(0.0 if greedy else 1.0),
+            rounds=zeros,
+            drafted=zeros,
+            accepted=zeros,
+            accept_hist=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
+            bad_target=jnp.zeros((batch,), bool),
+            bad_draft=jnp.zeros((batch,), bool),
+            target_cache=spec.target_init_cache(batch, spec.cache_len),
+            draft_cache=None if spec.draft_apply is None else spec.draft_init_cache(batch, spec.cache_len),
+        )
+
+    if spec.mesh is None:
+        return jax.jit(make)
+    return jax.jit(make, out_shardings=state_shardings(spec, jax.eval_shape(make)))
+
+
 class Program:
     """A loop function compiled ahead of time once per (spec, argument shapes/dtypes/shardings).
 

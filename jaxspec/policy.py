@@ -1,12 +1,21 @@
 """Automatic γ: speculate with the γ that maximizes expected tokens/s, or decode plainly when nothing pays.
 
-Cost model, in units of one target step at the call's batch size and cache length (each measured once per
-(model pair, batch bucket, cache bucket) by timing the jitted model steps, then cached):
+Cost model, in units of one plain decoding step at the call's batch size and cache length, measured once per
+(model pair, batch bucket, cache bucket, mesh) and cached:
 
-    c      = draft step ÷ target step                          (batch-size dependent)
-    v(γ)   = target pass over γ+1 tokens ÷ target step         (the batch-size cost of verification: ~1 when
-                                                                 memory-bound, up to γ+1 when compute-bound)
-    p      = draft prefill ÷ target step                       (paid once per call)
+    r(γ)   = one speculative round ÷ one plain step, both timed *inside the compiled generation loop* (the
+             loop's own programs, run for a few rounds on a synthetic state): this is the bound's γc + v(γ)
+             with everything a round really does (draft steps, warping and sampling over the vocabulary, the
+             verify pass over γ+1 tokens, the rejection sampler, bookkeeping) and nothing it does not
+    c      = draft step ÷ target step                          (standalone model calls; reported)
+    v(γ)   = target pass over γ+1 tokens ÷ target step         (standalone; reported: ~1 when memory-bound, up
+                                                                 to γ+1 when compute-bound)
+    p      = draft prefill ÷ target step                       (standalone; paid once per call)
+
+A first version used γc + v(γ) from the standalone calls for r(γ); on the 2-core CPU that was 15-70 %
+optimistic at batch >= 4 (expected 1.63× where 0.95× was measured), because a round's per-step work besides
+the two forward passes is large next to a 3 ms step of a 12.6 M model. The in-loop rounds compile the candidate
+loops (each once; a later call with the chosen γ reuses the compiled rounds).
 
 Acceptance is estimated per model pair (greedy and sampled apart) *by draft position*: a_i = P(draft i accepted |
 drafts 1..i−1 accepted), counted from the accept-length histograms of earlier calls (a Beta prior of
@@ -15,10 +24,9 @@ before). Expected tokens per round are then τ(γ) = 1 + Σ_{i≤γ} Π_{j≤i} 
 assumption: real acceptances are correlated, and the textbook τ = (1 − α^(γ+1)) / (1 − α) with α = accepted ÷
 drafted underestimates τ badly (α counts the drafts after the first rejection, which are never checked).
 
-A call of N new tokens costs N steps plainly and ``p + (N / τ)(γc + v(γ))`` speculatively, with τ capped at N
+A call of N new tokens costs N steps plainly and ``p + (N / τ) r(γ)`` speculatively, with τ capped at N
 (a round cannot emit more than is left: short outputs gain little). The policy picks the γ with the largest
-expected speed-up and speculates only if it exceeds ``margin`` (default 1.2: on the 2-core CPU the costs timed
-from standalone calls made the model's expected speed-ups 15-30 % optimistic at batch >= 4, see the README).
+expected speed-up and speculates only if it exceeds ``margin`` (default 1.1).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 GAMMAS = (1, 2, 4, 6)
 
@@ -39,6 +48,12 @@ class Costs:
     c: float
     v: dict  # γ -> verify(γ+1 tokens) ÷ step
     prefill: float
+    round: dict | None = None  # γ -> in-loop round ÷ in-loop plain step (None: use γc + v(γ))
+
+    def round_cost(self, gamma: int) -> float:
+        if self.round is not None and gamma in self.round:
+            return self.round[gamma]
+        return gamma * self.c + self.v[gamma]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +65,7 @@ class Decision:
     tau: dict  # γ -> expected tokens per round
     c: float
     v: dict
+    round_cost: dict  # γ -> cost of a round in plain steps (in-loop measured, or γc + v)
     expected_speedup: dict  # γ -> expected speed-up over plain decoding
     reason: str
 
@@ -66,12 +82,15 @@ def expected_tokens(position_acceptance, gamma: int) -> float:
     return tau
 
 
-def expected_speedup(alpha, gamma: int, c: float, v: float, new_tokens: int, prefill: float = 0.0) -> float:
+def expected_speedup(alpha, gamma: int, c: float, v: float, new_tokens: int, prefill: float = 0.0,
+                     round_cost: float | None = None) -> float:
     """Plain time ÷ speculative time for ``new_tokens`` tokens (see the module docstring). ``alpha``: one
-    acceptance probability for every position, or a sequence of per-position ones."""
+    acceptance probability for every position, or a sequence of per-position ones. ``round_cost`` (a round in
+    plain steps, measured in the loop) replaces ``gamma * c + v`` when given."""
     positions = [alpha] * gamma if isinstance(alpha, (int, float)) else alpha
     tau = min(expected_tokens(positions, gamma), float(new_tokens))
-    return new_tokens / (prefill + new_tokens / tau * (gamma * c + v))
+    cost = gamma * c + v if round_cost is None else round_cost
+    return new_tokens / (prefill + new_tokens / tau * cost)
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,6 +112,35 @@ def _time_step(model, batch: int, cache_len: int, tokens: int, iters: int = 5) -
     return statistics.median(times)
 
 
+def time_rounds(spec, target_params, draft_params, batch: int, greedy: bool, repeats: int = 5) -> float:
+    """Seconds per round of the compiled loop ``spec`` (``loop.rounds_program``, the program ``stream`` and
+    ``generate(gamma="auto")`` run) on a synthetic state of ``batch`` running rows: the fastest of ``repeats``
+    runs of k rounds minus the fastest of ``repeats`` runs of none (the dispatch), divided by k. k is as many
+    rounds as the cache holds (at most 16), so short steps of small models still add up to a measurable time."""
+    from jaxspec import loop, sharding  # loop imports nothing from here; kept local to keep import order simple
+
+    k = max(1, min(16, (spec.cache_len - 2) // (spec.gamma + 1)))
+
+    def once(rounds: int):
+        state = jax.block_until_ready(loop.timing_state(spec, batch, 1, greedy))
+        limit = jnp.int32(rounds)
+        if spec.mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec as P
+
+            limit = sharding.put(np.int32(rounds), NamedSharding(spec.mesh, P()))
+        start = time.perf_counter()
+        out, _ = loop.rounds_program(spec, target_params, draft_params, state, limit)
+        out = jax.block_until_ready(out)
+        seconds = time.perf_counter() - start
+        return seconds, int(np.max(sharding.to_host(out.rounds)))
+
+    once(1)  # compile and warm up
+    dispatch = min(once(0)[0] for _ in range(repeats))
+    runs = [once(k) for _ in range(repeats)]
+    seconds, rounds = min(runs)
+    return max(seconds - dispatch, 1e-3 * seconds) / max(rounds, 1)
+
+
 def _key(model):
     """A model's identity for the caches: name, forward function and weights (a drafter object keys itself)."""
     if not hasattr(model, "apply_fn"):
@@ -105,7 +153,7 @@ class AutoGamma:
     """The ``gamma="auto"`` policy: a cost cache and running acceptance estimates (one instance per process is
     enough: ``jaxspec.policy.DEFAULT``)."""
 
-    def __init__(self, gammas=GAMMAS, prior_alpha: float = 0.6, prior_drafts: int = 20, margin: float = 1.2):
+    def __init__(self, gammas=GAMMAS, prior_alpha: float = 0.6, prior_drafts: int = 20, margin: float = 1.1):
         if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
             raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
         self.gammas = tuple(sorted(set(gammas)))
@@ -114,8 +162,10 @@ class AutoGamma:
         self._counts: dict = {}  # (pair, greedy) -> [accepted, drafted]
         self._positions: dict = {}  # (pair, greedy) -> [accepted at position i, rounds reaching position i]
 
-    def costs(self, target, draft, batch: int, cache_len: int) -> Costs:
-        key = (_key(target), _key(draft), batch, cache_len)
+    def costs(self, target, draft, batch: int, cache_len: int, round_timer=None, mesh_key=None) -> Costs:
+        """Measured once per key and cached. ``round_timer(γ)``: seconds per in-loop round (γ = 0: plain step),
+        as ``generate`` builds it; without it r(γ) is γc + v(γ) from the standalone calls."""
+        key = (_key(target), _key(draft), batch, cache_len, mesh_key)
         if key not in self._costs:
             step = _time_step(target, batch, cache_len, 1)
             v = {g: _time_step(target, batch, cache_len, g + 1) / step for g in self.gammas}
@@ -124,12 +174,16 @@ class AutoGamma:
                 prefill = _time_step(draft, batch, cache_len, min(64, cache_len // 2)) / step
             else:  # prompt lookup: no model
                 c, prefill = 0.0, 0.0
-            self._costs[key] = Costs(c, v, prefill)
+            rounds = None
+            if round_timer is not None:
+                plain = round_timer(0)
+                rounds = {g: round_timer(g) / plain for g in self.gammas}
+            self._costs[key] = Costs(c, v, prefill, rounds)
         return self._costs[key]
 
-    def set_costs(self, target, draft, batch: int, cache_len: int, costs: Costs) -> None:
+    def set_costs(self, target, draft, batch: int, cache_len: int, costs: Costs, mesh_key=None) -> None:
         """Use ``costs`` instead of measuring them (tests, or figures measured elsewhere)."""
-        self._costs[(_key(target), _key(draft), batch, cache_len)] = costs
+        self._costs[(_key(target), _key(draft), batch, cache_len, mesh_key)] = costs
 
     def alpha(self, target, draft, greedy: bool) -> tuple[float, int]:
         acc, drafted = self._counts.get(self._pair(target, draft, greedy), (0, 0))
@@ -168,11 +222,13 @@ class AutoGamma:
         self._counts[key] = [alpha * drafts, drafts]
         self._positions[key] = ([alpha * drafts] * max(self.gammas), [drafts] * max(self.gammas))
 
-    def decide(self, target, draft, batch: int, cache_len: int, new_tokens: int, greedy: bool) -> Decision:
-        costs = self.costs(target, draft, batch, cache_len)
+    def decide(self, target, draft, batch: int, cache_len: int, new_tokens: int, greedy: bool, round_timer=None,
+               mesh_key=None) -> Decision:
+        costs = self.costs(target, draft, batch, cache_len, round_timer, mesh_key)
         alpha, seen = self.alpha(target, draft, greedy)
         positions = self.position_acceptance(target, draft, greedy)
-        gains = {g: expected_speedup(positions, g, costs.c, costs.v[g], new_tokens, costs.prefill)
+        round_costs = {g: costs.round_cost(g) for g in self.gammas}
+        gains = {g: expected_speedup(positions, g, costs.c, costs.v[g], new_tokens, costs.prefill, round_costs[g])
                  for g in self.gammas}
         taus = {g: expected_tokens(positions, g) for g in self.gammas}
         best = max(gains, key=gains.get)
@@ -182,7 +238,7 @@ class AutoGamma:
         else:
             reason = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
             chosen = 0
-        return Decision(chosen, alpha, seen, positions, taus, costs.c, dict(costs.v), gains, reason)
+        return Decision(chosen, alpha, seen, positions, taus, costs.c, dict(costs.v), round_costs, gains, reason)
 
     @staticmethod
     def _pair(target, draft, greedy: bool) -> tuple:

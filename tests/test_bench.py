@@ -139,3 +139,15 @@ def test_mesh_mode_end_to_end(tmp_path):
     assert dp["target_weights"] == single["target_weights"]  # data parallel replicates them...
     assert dp["target_cache"] == single["target_cache"] // 4  # ...and splits the rows' caches
     assert "ms/round" in proc.stdout
+
+
+def test_lookup_workloads_repeat_the_prompt():
+    from jaxspec.bench.lookup import WORKLOADS, workload_prompt
+
+    text = "\ndef f(x):\n    return x\n"
+    assert workload_prompt(text, "as is") == text
+    assert workload_prompt(text, "edit") == "\ndef f(x):\n    return x\n\ndef f(x):\n"
+    assert workload_prompt(text, "repeat") == "\ndef f(x):\n    return x\n\n" * 2 + "def f(x):\n"
+    assert WORKLOADS == ("as is", "edit", "repeat")
+    with pytest.raises(ValueError, match="unknown workload"):
+        workload_prompt(text, "summarize")

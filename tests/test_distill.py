@@ -216,3 +216,20 @@ def test_cli_distills_and_saves_the_draft(tmp_path, small_draft, capsys):
     assert "alpha greedy:" in out and "alpha t1:" in out and "steps 4" in out
     saved = jaxspec.load(tmp_path / "distilled")
     assert saved.config == small_draft.config and _same(saved.params, result.draft.params)
+
+
+def test_prompt_weight_marks_the_prompt_positions():
+    target, draft = _bigram(0), _bigram(1, name="draft")
+    kw = dict(seed=0, batch_size=3, on_policy=0.0, max_new_tokens=6, temperature=1.0)
+    prompts = _prompts(3)
+    tokens, plain_mask = D._batch_at(target, draft, prompts, 2, **kw)
+    same, mask = D._batch_at(target, draft, prompts, 2, prompt_weight=0.25, **kw)
+    assert np.array_equal(tokens, same)
+    assert np.all(mask[plain_mask == 1] == 1)  # generated positions keep weight 1
+    inside = (mask == 0.25)
+    assert inside.any() and not np.any(plain_mask[inside])  # the prompt's own positions, new in the loss
+    for row, m in zip(tokens, mask):
+        first_generated = int(np.argmax(m == 1))
+        assert np.all(m[:first_generated] == 0.25)  # every position that predicts a prompt token
+    with pytest.raises(ValueError, match="prompt_weight must be a finite number >= 0"):
+        D.distill(target, draft, prompts, out_dir="unused", prompt_weight=-1)

@@ -87,3 +87,44 @@ def test_auto_argument_errors(target, small_draft):
     assert counts["compiles"] == 0
     with pytest.raises(ValueError, match="gammas must be ints"):
         AutoGamma(gammas=(0, 2))
+
+
+def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_draft):
+    """gamma="auto" times the candidate loops themselves (γ = 0 is the plain step); the call then runs the rounds
+    program that measurement compiled, and a second call of the same shapes compiles nothing. The output is the
+    target's, whatever γ was chosen."""
+    from jaxspec import loop
+
+    policy = AutoGamma(gammas=(1, 3))
+    prompts = [[5, 6, 7], [9, 2]]
+    first = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20,
+                             temperature=0.0)
+    p = first.stats.policy
+    assert set(p["round_cost"]) == {1, 3} and all(r > 0 for r in p["round_cost"].values())
+    assert p["round_cost"] != {g: g * p["c"] + p["v"][g] for g in (1, 3)}  # measured, not the standalone sum
+    for g in (1, 3):  # the decision is the formula with the measured round cost
+        tau = min(p["tau"][g], 20)
+        assert p["expected_speedup"][g] == pytest.approx(20 / (policy.costs(target, small_draft, 2, 64).prefill
+                                                               + 20 / tau * p["round_cost"][g]))
+    plain = jaxspec.generate(target, prompts, max_new_tokens=20, temperature=0.0)
+    assert first.tokens == plain.tokens
+    compiled = loop.rounds_program.cache_size()
+    with count_compiles() as counts:
+        again = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20,
+                                 temperature=0.0)
+    assert again.tokens == plain.tokens and again.stats.compile_time_s == 0
+    assert loop.rounds_program.cache_size() == compiled
+    assert counts["compiles"] <= 1  # at most the prefill of a new prompt bucket: no loop is compiled again
+
+
+def test_time_rounds_counts_rounds_not_dispatch(target, small_draft):
+    """Seconds per round from k and 2k rounds of the compiled loop: positive, and a γ = 3 round (three draft
+    steps and a 4-token verify) costs more than a plain step of the same loop."""
+    from jaxspec.generate import prepare
+    from jaxspec.policy import time_rounds
+
+    spec3 = prepare(target, [[1, 2]], draft=small_draft, gamma=3, max_new_tokens=40).spec
+    spec0 = prepare(target, [[1, 2]], max_new_tokens=40).spec
+    r3 = time_rounds(spec3, target.params, small_draft.params, 1, greedy=False, repeats=5)
+    r0 = time_rounds(spec0, target.params, None, 1, greedy=False, repeats=5)
+    assert 0 < r0 < r3

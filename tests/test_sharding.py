@@ -54,6 +54,16 @@ def test_mesh_tokens_match_single_device(target, small_draft, prompts, reference
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+def test_auto_gamma_on_a_mesh(target, small_draft, prompts, reference):
+    """gamma="auto" on a 2x4 mesh times its candidate loops on the mesh (synthetic state placed by the loop's
+    shardings) and returns the single-device greedy tokens whichever γ it picks."""
+    policy = jaxspec.policy.AutoGamma(gammas=(2,))
+    res = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy, temperature=0.0,
+                           max_new_tokens=[9, 14, 5, 12, 10], eos_token_id=7, mesh={"data": 2, "model": 4})
+    assert res.tokens == reference["greedy"].tokens
+    assert res.stats.policy["round_cost"][2] > 0
+
+
 def test_sharded_draft_plain_decoding_and_stream(target, small_draft, prompts, reference):
     mesh = {"data": 2, "model": 4}
     kw = dict(max_new_tokens=[9, 14, 5, 12, 10], eos_token_id=7, temperature=0.0, mesh=mesh)

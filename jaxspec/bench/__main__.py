@@ -34,7 +34,14 @@ def _sweep_mode(args):
     return sweep.run(args)
 
 
-MODES = {"single": single.run, "mesh": _mesh_mode, "shipped": _shipped_mode, "sweep": _sweep_mode}
+def _lookup_mode(args):
+    from jaxspec.bench import lookup
+
+    return lookup.run(args)
+
+
+MODES = {"single": single.run, "mesh": _mesh_mode, "shipped": _shipped_mode, "sweep": _sweep_mode,
+         "lookup": _lookup_mode}
 
 # --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
 QUICK = dict(vocab=256, hidden=64, target_layers=2, draft_layers=1, max_new_tokens=16, repeats=1, step_iters=3,
@@ -77,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shipped-prompts", type=int, help="use only the first N held-out prompts")
     p.add_argument("--sweep", dest="mode", action="store_const", const="sweep",
                    help="batch sizes x {plain, fixed γ, auto} on the shipped pair")
+    p.add_argument("--lookup", dest="mode", action="store_const", const="lookup",
+                   help="prompt lookup vs the draft model on prompts that repeat their context (shipped pair)")
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64],
                    help="sweep batch sizes, comma-separated (default 1,4,16,64)")
     p.add_argument("--plot", metavar="PNG", help="sweep: write the plot here")
