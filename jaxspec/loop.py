@@ -117,6 +117,13 @@ def _bad_logits(logits: jax.Array) -> jax.Array:
     return jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) | jnp.all(logits == -jnp.inf, axis=-1)
 
 
+def _zero_counters(spec: LoopSpec, batch: int) -> dict:
+    """The per-row statistics of a fresh state: rounds, drafts, acceptances, their histogram, bad-logit flags."""
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return dict(rounds=zeros, drafted=zeros, accepted=zeros, accept_hist=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
+                bad_target=jnp.zeros((batch,), bool), bad_draft=jnp.zeros((batch,), bool))
+
+
 def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
     batch, plen = inputs.prompt.shape
     positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (batch, plen))
@@ -131,7 +138,6 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
         _, draft_cache = spec.draft_apply(draft_params, inputs.prompt, positions, empty_cache(spec.draft_init_cache))
     tokens = jnp.zeros((batch, spec.cache_len), jnp.int32).at[:, :plen].set(inputs.prompt)
     row_keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(inputs.seeds, inputs.row_ids)
-    zeros = jnp.zeros((batch,), jnp.int32)
     state = State(
         tokens=tokens,
         logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
@@ -143,12 +149,7 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
         row_keys=row_keys,
         eos=inputs.eos,
         sampling=inputs.sampling,
-        rounds=zeros,
-        drafted=zeros,
-        accepted=zeros,
-        accept_hist=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
-        bad_target=jnp.zeros((batch,), bool),
-        bad_draft=jnp.zeros((batch,), bool),
+        **_zero_counters(spec, batch),
         target_cache=target_cache,
         draft_cache=draft_cache,
     )
@@ -303,12 +304,7 @@ def _timing_state_fn(spec: LoopSpec, batch: int, length: int, greedy: bool):
             row_keys=keys,
             eos=jnp.full((4,), -1, jnp.int32),
             sampling=SamplingParams.create(0.0 if greedy else 1.0),
-            rounds=zeros,
-            drafted=zeros,
-            accepted=zeros,
-            accept_hist=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
-            bad_target=jnp.zeros((batch,), bool),
-            bad_draft=jnp.zeros((batch,), bool),
+            **_zero_counters(spec, batch),
             target_cache=spec.target_init_cache(batch, spec.cache_len),
             draft_cache=None if spec.draft_apply is None else spec.draft_init_cache(batch, spec.cache_len),
         )

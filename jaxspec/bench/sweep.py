@@ -9,6 +9,7 @@ auto policy its first acceptance observations). tokens/s = generated tokens ÷ d
 from __future__ import annotations
 
 import statistics
+import time
 
 import jaxspec
 from jaxspec.bench.shipped import DRAFT, TARGET, load_prompts
@@ -35,8 +36,10 @@ def run(args) -> dict:
         prompts = _batch_prompts(ids, batch)
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=temp, seed=args.seed)
         row = {"batch": batch}
-        for extra in modes.values():
-            jaxspec.generate(target, prompts, **kw, **extra)  # compile / warm-up
+        for name, extra in modes.items():  # compile / warm-up; auto's first call also measures its round costs
+            start = time.perf_counter()
+            jaxspec.generate(target, prompts, **kw, **extra)
+            row.setdefault("first_call_s", {})[name] = time.perf_counter() - start
         runs = {name: [] for name in modes}
         for _ in range(args.repeats):
             for name, extra in modes.items():
@@ -59,6 +62,15 @@ def run(args) -> dict:
             cells.append(f"{r['tok_s']:7.1f} {r['vs_plain']:4.2f}×{a:>6}")
         decision = row["auto"]["decision"]["reason"] if row["auto"]["decision"] else ""
         print(f"{batch:>5} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {decision}", flush=True)
+        first = row["first_call_s"]
+        print(f"      first calls (compile; auto also times its candidate loops): "
+              + ", ".join(f"{m} {first[m]:.1f} s" for m in modes), flush=True)
+        d = row["auto"]["decision"]
+        if d:
+            print("      auto's inputs: round cost r(γ) " + ", ".join(f"{g}: {r:.2f}" for g, r in d["round_cost"].items())
+                  + "; τ(γ) " + ", ".join(f"{g}: {t:.2f}" for g, t in d["tau"].items())
+                  + f"; standalone c {d['c']:.3f}, v " + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()),
+                  flush=True)
     doc = {"mode": "sweep", "temperature": temp, "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
            "rows": rows}
     if args.plot:
