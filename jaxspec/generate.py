@@ -264,7 +264,7 @@ def prepare(
     auto = isinstance(gamma, str) and gamma == "auto"
     if not auto and (not _is_int(gamma) or gamma < 1):
         raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
-    if auto and draft is None:
+    if auto and draft is None and lookup is None:
         raise ValueError("gamma='auto' needs a draft (a model or 'prompt_lookup') to decide between")
     if policy is not None and not isinstance(policy, policy_lib.AutoGamma):
         raise ValueError(f"policy must be a jaxspec.policy.AutoGamma or None, got {policy!r}")
@@ -531,8 +531,11 @@ def _observe(prep: Prepared, target: CausalLM, result: GenerationResult) -> Gene
     """gamma="auto": feed the acceptance seen in this call back into the policy's running estimate."""
     if prep.decision is not None and result.stats.drafted:
         greedy = bool(np.asarray(prep.inputs.sampling.temperature) == 0)
+        rows = result.stats.rows
         prep.policy.observe(target, prep.draft, greedy, result.stats.accepted, result.stats.drafted,
-                            result.stats.accept_hist)
+                            result.stats.accept_hist, batch=prep.inputs.prompt.shape[0],
+                            passes=result.stats.target_passes, row_tokens=[r.generated_tokens for r in rows],
+                            row_rounds=[r.rounds for r in rows])
     return result
 
 

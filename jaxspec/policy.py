@@ -24,8 +24,11 @@ before). Expected tokens per round are then τ(γ) = 1 + Σ_{i≤γ} Π_{j≤i} 
 assumption: real acceptances are correlated, and the textbook τ = (1 − α^(γ+1)) / (1 − α) with α = accepted ÷
 drafted underestimates τ badly (α counts the drafts after the first rejection, which are never checked).
 
-A call of N new tokens costs N steps plainly and ``p + (N / τ) r(γ)`` speculatively, with τ capped at N
-(a round cannot emit more than is left: short outputs gain little). The policy picks the γ with the largest
+A call of N new tokens costs N steps plainly and ``p + s (N / τ) r(γ)`` speculatively, with τ capped at N
+(a round cannot emit more than is left: short outputs gain little). s >= 1 is the straggler factor of a batch:
+the loop runs until its slowest row is done, and rows accept at different rates, so a batch needs more rounds
+than N / τ (the mean row's). It is learned per (pair, greedy/sampled, batch bucket) from earlier calls as
+passes × τ ÷ (longest row's tokens), where τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call. The policy picks the γ with the largest
 expected speed-up and speculates only if it exceeds ``margin`` (default 1.1).
 """
 
@@ -66,6 +69,7 @@ class Decision:
     c: float
     v: dict
     round_cost: dict  # γ -> cost of a round in plain steps (in-loop measured, or γc + v)
+    straggler: float  # rounds the batch needs ÷ the mean row's (learned; 1 at batch 1 and before any call)
     expected_speedup: dict  # γ -> expected speed-up over plain decoding
     reason: str
 
@@ -83,14 +87,15 @@ def expected_tokens(position_acceptance, gamma: int) -> float:
 
 
 def expected_speedup(alpha, gamma: int, c: float, v: float, new_tokens: int, prefill: float = 0.0,
-                     round_cost: float | None = None) -> float:
+                     round_cost: float | None = None, straggler: float = 1.0) -> float:
     """Plain time ÷ speculative time for ``new_tokens`` tokens (see the module docstring). ``alpha``: one
     acceptance probability for every position, or a sequence of per-position ones. ``round_cost`` (a round in
-    plain steps, measured in the loop) replaces ``gamma * c + v`` when given."""
+    plain steps, measured in the loop) replaces ``gamma * c + v`` when given; ``straggler`` multiplies the
+    rounds a batch needs."""
     positions = [alpha] * gamma if isinstance(alpha, (int, float)) else alpha
     tau = min(expected_tokens(positions, gamma), float(new_tokens))
     cost = gamma * c + v if round_cost is None else round_cost
-    return new_tokens / (prefill + new_tokens / tau * cost)
+    return new_tokens / (prefill + straggler * new_tokens / tau * cost)
 
 
 @functools.lru_cache(maxsize=None)
@@ -161,6 +166,7 @@ class AutoGamma:
         self._costs: dict = {}
         self._counts: dict = {}  # (pair, greedy) -> [accepted, drafted]
         self._positions: dict = {}  # (pair, greedy) -> [accepted at position i, rounds reaching position i]
+        self._straggle: dict = {}  # (pair, greedy, batch) -> [Σ passes × τ, Σ longest row's tokens]
 
     def costs(self, target, draft, batch: int, cache_len: int, round_timer=None, mesh_key=None) -> Costs:
         """Measured once per key and cached. ``round_timer(γ)``: seconds per in-loop round (γ = 0: plain step),
@@ -201,8 +207,21 @@ class AutoGamma:
                 out.append(out[-1] if out else self.prior_alpha)
         return tuple(out)
 
-    def observe(self, target, draft, greedy: bool, accepted: int, drafted: int, accept_hist=()) -> None:
-        """Record a call's counts; ``accept_hist[n]`` = rounds in which exactly n drafts were accepted."""
+    def straggler(self, target, draft, greedy: bool, batch: int) -> float:
+        """Rounds a batch of ``batch`` rows needs ÷ the mean row's rounds (see the module docstring)."""
+        done, longest = self._straggle.get((*self._pair(target, draft, greedy), batch), (0.0, 0))
+        return max(1.0, done / longest) if longest else 1.0
+
+    def observe(self, target, draft, greedy: bool, accepted: int, drafted: int, accept_hist=(), *,
+                batch: int | None = None, passes: int = 0, row_tokens=(), row_rounds=()) -> None:
+        """Record a call's counts; ``accept_hist[n]`` = rounds in which exactly n drafts were accepted. With
+        ``batch`` (the compiled batch size), ``passes`` (the loop's verify passes) and the rows' generated tokens
+        and rounds, also the batch's straggler factor."""
+        if batch is not None and passes and sum(row_rounds) and max(row_tokens, default=0):
+            tau = sum(row_tokens) / sum(row_rounds)
+            entry = self._straggle.setdefault((*self._pair(target, draft, greedy), batch), [0.0, 0])
+            entry[0] += passes * tau
+            entry[1] += max(row_tokens)
         key = self._pair(target, draft, greedy)
         counts = self._counts.setdefault(key, [0, 0])
         counts[0] += accepted
@@ -228,8 +247,9 @@ class AutoGamma:
         alpha, seen = self.alpha(target, draft, greedy)
         positions = self.position_acceptance(target, draft, greedy)
         round_costs = {g: costs.round_cost(g) for g in self.gammas}
-        gains = {g: expected_speedup(positions, g, costs.c, costs.v[g], new_tokens, costs.prefill, round_costs[g])
-                 for g in self.gammas}
+        straggler = self.straggler(target, draft, greedy, batch)
+        gains = {g: expected_speedup(positions, g, costs.c, costs.v[g], new_tokens, costs.prefill, round_costs[g],
+                                     straggler) for g in self.gammas}
         taus = {g: expected_tokens(positions, g) for g in self.gammas}
         best = max(gains, key=gains.get)
         if gains[best] >= self.margin:
@@ -238,7 +258,8 @@ class AutoGamma:
         else:
             reason = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
             chosen = 0
-        return Decision(chosen, alpha, seen, positions, taus, costs.c, dict(costs.v), round_costs, gains, reason)
+        return Decision(chosen, alpha, seen, positions, taus, costs.c, dict(costs.v), round_costs, straggler, gains,
+                        reason)
 
     @staticmethod
     def _pair(target, draft, greedy: bool) -> tuple:

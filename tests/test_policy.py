@@ -128,3 +128,34 @@ def test_time_rounds_counts_rounds_not_dispatch(target, small_draft):
     r3 = time_rounds(spec3, target.params, small_draft.params, 1, greedy=False, repeats=5)
     r0 = time_rounds(spec0, target.params, None, 1, greedy=False, repeats=5)
     assert 0 < r0 < r3
+
+
+def test_straggler_factor_is_learned_per_batch_and_slows_the_estimate(target, small_draft):
+    """A batch runs until its slowest row is done: rows of 64 tokens that took 20, 22, 25 and 30 rounds (τ =
+    256 / 97) in 30 verify passes need 30 × τ / 64 = 1.237 times the mean row's rounds. Batch 1 and unseen batch
+    sizes keep 1; the expected speed-up is divided by the factor."""
+    policy = AutoGamma(gammas=(2,), margin=1.0)
+    costs = Costs(c=0.1, v={2: 1.1}, prefill=0.0, round={2: 1.3})
+    for batch in (1, 4):
+        policy.set_costs(target, small_draft, batch, 64, costs)
+    policy.set_alpha(target, small_draft, True, 0.8)
+    before = policy.decide(target, small_draft, 4, 64, 64, True)
+    policy.observe(target, small_draft, True, accepted=0, drafted=0, batch=4, passes=30, row_tokens=[64] * 4,
+                   row_rounds=[20, 22, 25, 30])
+    assert policy.straggler(target, small_draft, True, 4) == pytest.approx(30 * 256 / 97 / 64)
+    assert policy.straggler(target, small_draft, True, 1) == 1.0 and before.straggler == 1.0
+    assert policy.straggler(target, small_draft, False, 4) == 1.0  # sampled calls keep their own
+    after = policy.decide(target, small_draft, 4, 64, 64, True)
+    assert after.straggler == pytest.approx(1.237, abs=1e-3)
+    assert after.expected_speedup[2] == pytest.approx(before.expected_speedup[2] / after.straggler)
+    one = policy.decide(target, small_draft, 1, 64, 64, True)
+    assert one.expected_speedup[2] == pytest.approx(before.expected_speedup[2])
+
+
+def test_auto_with_prompt_lookup(target):
+    """gamma="auto" also decides for prompt lookup (no draft model: c = 0, the round cost is measured)."""
+    policy = AutoGamma(gammas=(2,))
+    res = jaxspec.generate(target, [[3, 4, 3, 4, 3]], draft="prompt_lookup", gamma="auto", policy=policy,
+                           max_new_tokens=12, temperature=0.0)
+    assert res.tokens == jaxspec.generate(target, [[3, 4, 3, 4, 3]], max_new_tokens=12, temperature=0.0).tokens
+    assert res.stats.policy["c"] == 0.0 and res.stats.policy["round_cost"][2] > 0

@@ -69,7 +69,7 @@ def run(args) -> dict:
         if d:
             print("      auto's inputs: round cost r(γ) " + ", ".join(f"{g}: {r:.2f}" for g, r in d["round_cost"].items())
                   + "; τ(γ) " + ", ".join(f"{g}: {t:.2f}" for g, t in d["tau"].items())
-                  + f"; standalone c {d['c']:.3f}, v " + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()),
+                  + f"; straggler {d['straggler']:.2f}; standalone c {d['c']:.3f}, v " + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()),
                   flush=True)
     doc = {"mode": "sweep", "temperature": temp, "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
            "rows": rows}
