@@ -33,7 +33,7 @@ def _one(target, draft, prompt, kw, seed):
 
 
 def run(args) -> dict:
-    target, draft = jaxspec.load(TARGET), jaxspec.load(DRAFT)
+    target, draft = jaxspec.load(TARGET), jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
     prompts = load_prompts(args.shipped_prompts)
     ids = [target.tokenizer.encode(p["prompt"]) for p in prompts]
     print(f"shipped pair: target {target.num_params / 1e6:.2f} M params, draft {draft.num_params / 1e6:.2f} M; "
