@@ -42,6 +42,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxspec import loop, sharding
 
 GAMMAS = (1, 2, 4, 6)
 
@@ -122,16 +125,12 @@ def time_rounds(spec, target_params, draft_params, batch: int, greedy: bool, rep
     ``generate(gamma="auto")`` run) on a synthetic state of ``batch`` running rows: the fastest of ``repeats``
     runs of k rounds minus the fastest of ``repeats`` runs of none (the dispatch), divided by k. k is as many
     rounds as the cache holds (at most 16), so short steps of small models still add up to a measurable time."""
-    from jaxspec import loop, sharding  # loop imports nothing from here; kept local to keep import order simple
-
     k = max(1, min(16, (spec.cache_len - 2) // (spec.gamma + 1)))
 
     def once(rounds: int):
         state = jax.block_until_ready(loop.timing_state(spec, batch, 1, greedy))
         limit = jnp.int32(rounds)
         if spec.mesh is not None:
-            from jax.sharding import NamedSharding, PartitionSpec as P
-
             limit = sharding.put(np.int32(rounds), NamedSharding(spec.mesh, P()))
         start = time.perf_counter()
         out, _ = loop.rounds_program(spec, target_params, draft_params, state, limit)
