@@ -112,9 +112,10 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
     with count_compiles() as counts:
         again = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20,
                                  temperature=0.0)
-    assert again.tokens == plain.tokens and again.stats.compile_time_s == 0
+    assert again.tokens == plain.tokens
     assert loop.rounds_program.cache_size() == compiled
-    assert counts["compiles"] <= 1  # at most the prefill of a new prompt bucket: no loop is compiled again
+    # the observed α may change the chosen γ: at most that γ's prefill compiles, never a loop
+    assert counts["compiles"] <= 1
 
 
 def test_time_rounds_counts_rounds_not_dispatch(target, small_draft):
