@@ -28,8 +28,21 @@ A call of N new tokens costs N steps plainly and ``p + s (N / τ) r(γ)`` specul
 (a round cannot emit more than is left: short outputs gain little). s >= 1 is the straggler factor of a batch:
 the loop runs until its slowest row is done, and rows accept at different rates, so a batch needs more rounds
 than N / τ (the mean row's). It is learned per (pair, greedy/sampled, batch bucket) from earlier calls as
-passes × τ ÷ (longest row's tokens), where τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call. The policy picks the γ with the largest
-expected speed-up and speculates only if it exceeds ``margin`` (default 1.1).
+passes × τ ÷ (longest row's tokens), where τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call.
+The policy picks the γ with the largest expected speed-up and speculates only if it exceeds ``margin`` (default
+1.1).
+
+Workloads change, and a policy that has settled on plain decoding observes no acceptance, so it would never
+notice that speculation pays again (a first version stayed plain through a whole prompt-lookup benchmark of
+copying prompts after the ordinary ones). So:
+  * the acceptance counts forget: every decision for a pair (speculative or plain) multiplies them by
+    0.5 ** (1 / ``half_life``), ``half_life`` = 8 calls by default, and the Beta prior regains weight;
+  * after ``explore_after`` consecutive plain decisions for a (pair, greedy/sampled, batch bucket) (8 at
+    first), if speculation would pay at the optimistic acceptance max(a_i, ``prior_alpha``), one call
+    *probes* with that γ (``Decision.probe``) to measure the workload's acceptance again. A probe that does not
+    bring speculation back doubles the wait before the next one (8, 16, 32, ... calls), so a workload where
+    speculation loses pays at most one probe per doubling; a batch bucket where even the optimistic acceptance
+    cannot pay (large batches) never probes.
 """
 
 from __future__ import annotations
@@ -75,6 +88,7 @@ class Decision:
     straggler: float  # rounds the batch needs ÷ the mean row's (learned; 1 at batch 1 and before any call)
     expected_speedup: dict  # γ -> expected speed-up over plain decoding
     reason: str
+    probe: bool = False  # speculating to re-measure acceptance after a run of plain decisions (see above)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -157,11 +171,18 @@ class AutoGamma:
     """The ``gamma="auto"`` policy: a cost cache and running acceptance estimates (one instance per process is
     enough: ``jaxspec.policy.DEFAULT``)."""
 
-    def __init__(self, gammas=GAMMAS, prior_alpha: float = 0.6, prior_drafts: int = 20, margin: float = 1.1):
+    def __init__(self, gammas=GAMMAS, prior_alpha: float = 0.6, prior_drafts: int = 20, margin: float = 1.1,
+                 half_life: float | None = 8.0, explore_after: int | None = 8):
         if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
             raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
+        if half_life is not None and not half_life > 0:
+            raise ValueError(f"half_life must be None (never forget) or > 0 calls, got {half_life!r}")
+        if explore_after is not None and (not isinstance(explore_after, int) or explore_after < 1):
+            raise ValueError(f"explore_after must be None (never probe) or an int >= 1, got {explore_after!r}")
         self.gammas = tuple(sorted(set(gammas)))
         self.prior_alpha, self.prior_drafts, self.margin = prior_alpha, prior_drafts, margin
+        self.half_life, self.explore_after = half_life, explore_after
+        self._plain: dict = {}  # (pair, greedy, batch) -> [plain decisions in a row, calls to wait before a probe]
         self._costs: dict = {}
         self._counts: dict = {}  # (pair, greedy) -> [accepted, drafted]
         self._positions: dict = {}  # (pair, greedy) -> [accepted at position i, rounds reaching position i]
@@ -193,7 +214,7 @@ class AutoGamma:
     def alpha(self, target, draft, greedy: bool) -> tuple[float, int]:
         acc, drafted = self._counts.get(self._pair(target, draft, greedy), (0, 0))
         w = self.prior_drafts
-        return (acc + self.prior_alpha * w) / (drafted + w), drafted
+        return (acc + self.prior_alpha * w) / (drafted + w), int(round(drafted))
 
     def position_acceptance(self, target, draft, greedy: bool) -> tuple[float, ...]:
         """Estimated a_i for i = 1 .. max candidate γ (see the module docstring)."""
@@ -240,6 +261,16 @@ class AutoGamma:
         self._counts[key] = [alpha * drafts, drafts]
         self._positions[key] = ([alpha * drafts] * max(self.gammas), [drafts] * max(self.gammas))
 
+    def _forget(self, key) -> None:
+        """Age a pair's acceptance counts by one call (see the module docstring)."""
+        if self.half_life is None:
+            return
+        keep = 0.5 ** (1.0 / self.half_life)
+        if key in self._counts:
+            self._counts[key] = [x * keep for x in self._counts[key]]
+        if key in self._positions:
+            self._positions[key] = tuple([x * keep for x in column] for column in self._positions[key])
+
     def decide(self, target, draft, batch: int, cache_len: int, new_tokens: int, greedy: bool, round_timer=None,
                mesh_key=None) -> Decision:
         costs = self.costs(target, draft, batch, cache_len, round_timer, mesh_key)
@@ -247,18 +278,37 @@ class AutoGamma:
         positions = self.position_acceptance(target, draft, greedy)
         round_costs = {g: costs.round_cost(g) for g in self.gammas}
         straggler = self.straggler(target, draft, greedy, batch)
-        gains = {g: expected_speedup(positions, g, costs.c, costs.v[g], new_tokens, costs.prefill, round_costs[g],
-                                     straggler) for g in self.gammas}
+
+        def speedups(acceptance):
+            return {g: expected_speedup(acceptance, g, costs.c, costs.v[g], new_tokens, costs.prefill,
+                                        round_costs[g], straggler) for g in self.gammas}
+
+        gains = speedups(positions)
         taus = {g: expected_tokens(positions, g) for g in self.gammas}
         best = max(gains, key=gains.get)
+        streak = self._plain.setdefault((*self._pair(target, draft, greedy), batch), [0, self.explore_after])
+        probe = False
         if gains[best] >= self.margin:
             reason = f"γ={best} expected {gains[best]:.2f}× plain"
             chosen = best
+            streak[:] = [0, self.explore_after]
         else:
             reason = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
             chosen = 0
+            if self.explore_after is not None and streak[0] >= streak[1]:
+                hopeful = speedups(tuple(max(a, self.prior_alpha) for a in positions))
+                bet = max(hopeful, key=hopeful.get)
+                if hopeful[bet] >= self.margin:
+                    chosen, probe = bet, True
+                    reason = (f"probe: γ={bet} after {streak[0]} plain calls, to measure acceptance again (best "
+                              f"expected {gains[best]:.2f}× at the current estimate, {hopeful[bet]:.2f}× at "
+                              f"acceptance >= {self.prior_alpha})")
+                    streak[:] = [0, 2 * streak[1]]
+            if not probe:
+                streak[0] += 1
+        self._forget(self._pair(target, draft, greedy))
         return Decision(chosen, alpha, seen, positions, taus, costs.c, dict(costs.v), round_costs, straggler, gains,
-                        reason)
+                        reason, probe)
 
     @staticmethod
     def _pair(target, draft, greedy: bool) -> tuple:

@@ -135,7 +135,7 @@ def test_straggler_factor_is_learned_per_batch_and_slows_the_estimate(target, sm
     """A batch runs until its slowest row is done: rows of 64 tokens that took 20, 22, 25 and 30 rounds (τ =
     256 / 97) in 30 verify passes need 30 × τ / 64 = 1.237 times the mean row's rounds. Batch 1 and unseen batch
     sizes keep 1; the expected speed-up is divided by the factor."""
-    policy = AutoGamma(gammas=(2,), margin=1.0)
+    policy = AutoGamma(gammas=(2,), margin=1.0, half_life=None)
     costs = Costs(c=0.1, v={2: 1.1}, prefill=0.0, round={2: 1.3})
     for batch in (1, 4):
         policy.set_costs(target, small_draft, batch, 64, costs)
@@ -160,3 +160,38 @@ def test_auto_with_prompt_lookup(target):
                            max_new_tokens=12, temperature=0.0)
     assert res.tokens == jaxspec.generate(target, [[3, 4, 3, 4, 3]], max_new_tokens=12, temperature=0.0).tokens
     assert res.stats.policy["c"] == 0.0 and res.stats.policy["round_cost"][2] > 0
+
+
+def test_estimates_forget_and_plain_decisions_probe_again(target, small_draft):
+    """A workload change after the policy settled on plain decoding: the counts age with every call, and after
+    ``explore_after`` plain calls one call probes with γ; acceptance seen in the probe brings speculation back.
+    A probe that finds nothing doubles the wait. Negative control: where even the optimistic acceptance cannot
+    pay (a round costing 3 plain steps), no probe ever runs."""
+    policy = AutoGamma(gammas=(2,), explore_after=2, half_life=2.0)
+    policy.set_costs(target, small_draft, 1, 64, Costs(c=0.1, v={2: 1.1}, prefill=0.0, round={2: 1.3}))
+    policy.set_alpha(target, small_draft, True, 0.05, drafts=1000)
+    kinds = []
+    for _ in range(8):
+        d = policy.decide(target, small_draft, 1, 64, 64, True)
+        kinds.append("probe" if d.probe else ("spec" if d.gamma else "plain"))
+        if d.probe:
+            assert d.gamma == 2 and d.reason.startswith("probe: γ=2")
+            policy.observe(target, small_draft, True, accepted=0, drafted=20, accept_hist=(10, 0, 0))
+    # plain, plain, probe (wait 2), then the wait doubles to 4
+    assert kinds == ["plain", "plain", "probe", "plain", "plain", "plain", "plain", "probe"]
+    # aged by every decision (half-life 2 calls): 1000 drafts 8 calls ago, 20 drafts 5 calls ago, 20 just now
+    assert policy.alpha(target, small_draft, True)[1] == round(1000 * 0.5 ** 4 + 20 * 0.5 ** 2.5 + 20)
+    # the workload changed: the probe accepts everything, and the next call speculates on its own
+    policy.observe(target, small_draft, True, accepted=200, drafted=200, accept_hist=(0, 0, 100))
+    d = policy.decide(target, small_draft, 1, 64, 64, True)
+    assert d.gamma == 2 and not d.probe
+
+    hopeless = AutoGamma(gammas=(2,), explore_after=1, half_life=2.0)
+    hopeless.set_costs(target, small_draft, 1, 64, Costs(c=0.1, v={2: 1.1}, prefill=0.0, round={2: 3.0}))
+    hopeless.set_alpha(target, small_draft, True, 0.05, drafts=1000)
+    decisions = [hopeless.decide(target, small_draft, 1, 64, 64, True) for _ in range(10)]
+    assert all(d.gamma == 0 and not d.probe for d in decisions)
+    with pytest.raises(ValueError, match="explore_after"):
+        AutoGamma(explore_after=0)
+    with pytest.raises(ValueError, match="half_life"):
+        AutoGamma(half_life=0)
