@@ -340,8 +340,8 @@ def prepare(
         greedy = temperature == 0
         tparams, dparams = _placed_params(target, draft, mesh, shard_draft)
 
-        def round_timer(g: int) -> float:
-            return policy_lib.time_rounds(spec_for(g), tparams, dparams if g > 0 else None, batch, greedy)
+        def round_timer(gammas) -> dict:
+            return policy_lib.time_rounds({g: spec_for(g) for g in gammas}, tparams, dparams, batch, greedy)
 
         mesh_key = None if mesh is None else (tuple(mesh.shape.items()), shard_draft)
         decision = policy.decide(target, lookup or draft, batch, cache_len, int(np.mean(max_new)), greedy,

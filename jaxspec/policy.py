@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import statistics
 import time
 
@@ -134,29 +135,42 @@ def _time_step(model, batch: int, cache_len: int, tokens: int, iters: int = 5) -
     return statistics.median(times)
 
 
-def time_rounds(spec, target_params, draft_params, batch: int, greedy: bool, repeats: int = 5) -> float:
-    """Seconds per round of the compiled loop ``spec`` (``loop.rounds_program``, the program ``stream`` and
-    ``generate(gamma="auto")`` run) on a synthetic state of ``batch`` running rows: the fastest of ``repeats``
-    runs of k rounds minus the fastest of ``repeats`` runs of none (the dispatch), divided by k. k is as many
-    rounds as the cache holds (at most 16), so short steps of small models still add up to a measurable time."""
-    k = max(1, min(16, (spec.cache_len - 2) // (spec.gamma + 1)))
+def time_rounds(specs: dict, target_params, draft_params, batch: int, greedy: bool, repeats: int = 7,
+                budget: float = 0.06) -> dict:
+    """Seconds per round of each compiled loop in ``specs`` (γ -> ``LoopSpec``; ``loop.rounds_program``, the
+    program ``stream`` and ``generate(gamma="auto")`` run) on a synthetic state of ``batch`` running rows: the
+    fastest of ``repeats`` runs of k rounds minus the fastest of ``repeats`` runs of none (the dispatch), divided
+    by k. k is enough rounds for about ``budget`` seconds (at most 16, and no more than the cache holds), so short
+    steps of small models add up to a measurable time and large batches do not time for minutes. The loops are
+    compiled first and then timed interleaved (every repeat runs each γ once), so a burst of load on a shared
+    machine hits every candidate alike instead of one γ's whole measurement (a sequential first version once
+    measured r(4) 2.25 where the loop's real rounds cost about 1.9)."""
 
-    def once(rounds: int):
+    def once(spec, params, rounds: int):
         state = jax.block_until_ready(loop.timing_state(spec, batch, 1, greedy))
         limit = jnp.int32(rounds)
         if spec.mesh is not None:
             limit = sharding.put(np.int32(rounds), NamedSharding(spec.mesh, P()))
         start = time.perf_counter()
-        out, _ = loop.rounds_program(spec, target_params, draft_params, state, limit)
+        out, _ = loop.rounds_program(spec, target_params, params, state, limit)
         out = jax.block_until_ready(out)
         seconds = time.perf_counter() - start
         return seconds, int(np.max(sharding.to_host(out.rounds)))
 
-    once(1)  # compile and warm up
-    dispatch = min(once(0)[0] for _ in range(repeats))
-    runs = [once(k) for _ in range(repeats)]
-    seconds, rounds = min(runs)
-    return max(seconds - dispatch, 1e-3 * seconds) / max(rounds, 1)
+    plan = {}
+    for g, spec in specs.items():
+        params = draft_params if g > 0 else None
+        once(spec, params, 1)  # compile and warm up
+        one = once(spec, params, 1)[0]
+        fits = max(1, (spec.cache_len - 2) // (spec.gamma + 1))
+        plan[g] = (spec, params, min(fits, max(2, min(16, math.ceil(budget / max(one, 1e-6))))))
+    dispatch = {g: float("inf") for g in plan}
+    runs = {g: (float("inf"), 1) for g in plan}
+    for _ in range(repeats):
+        for g, (spec, params, k) in plan.items():
+            dispatch[g] = min(dispatch[g], once(spec, params, 0)[0])
+            runs[g] = min(runs[g], once(spec, params, k))
+    return {g: max(seconds - dispatch[g], 1e-3 * seconds) / max(rounds, 1) for g, (seconds, rounds) in runs.items()}
 
 
 def _key(model):
@@ -189,8 +203,8 @@ class AutoGamma:
         self._straggle: dict = {}  # (pair, greedy, batch) -> [Σ passes × τ, Σ longest row's tokens]
 
     def costs(self, target, draft, batch: int, cache_len: int, round_timer=None, mesh_key=None) -> Costs:
-        """Measured once per key and cached. ``round_timer(γ)``: seconds per in-loop round (γ = 0: plain step),
-        as ``generate`` builds it; without it r(γ) is γc + v(γ) from the standalone calls."""
+        """Measured once per key and cached. ``round_timer(gammas)``: seconds per in-loop round for each γ (γ = 0:
+        the plain step), as ``generate`` builds it; without it r(γ) is γc + v(γ) from the standalone calls."""
         key = (_key(target), _key(draft), batch, cache_len, mesh_key)
         if key not in self._costs:
             step = _time_step(target, batch, cache_len, 1)
@@ -202,8 +216,8 @@ class AutoGamma:
                 c, prefill = 0.0, 0.0
             rounds = None
             if round_timer is not None:
-                plain = round_timer(0)
-                rounds = {g: round_timer(g) / plain for g in self.gammas}
+                seconds = round_timer((0, *self.gammas))
+                rounds = {g: seconds[g] / seconds[0] for g in self.gammas}
             self._costs[key] = Costs(c, v, prefill, rounds)
         return self._costs[key]
 

@@ -151,3 +151,15 @@ def test_lookup_workloads_repeat_the_prompt():
     assert WORKLOADS == ("as is", "edit", "repeat")
     with pytest.raises(ValueError, match="unknown workload"):
         workload_prompt(text, "summarize")
+
+
+def test_sweep_gives_every_batch_size_the_same_prompts():
+    from jaxspec.bench.sweep import batch_calls, prompt_pool
+
+    ids = [[1], [2, 3], [4]]
+    pool = prompt_pool(ids, 8)
+    assert pool == [[1], [2, 3], [4], [1], [2, 3], [4], [1], [2, 3]]
+    for batch in (1, 2, 4, 8):
+        calls = batch_calls(pool, batch)
+        assert all(len(c) == batch for c in calls) and [p for c in calls for p in c] == pool
+    assert [len(c) for c in batch_calls(pool, 3)] == [3, 3, 2]

@@ -44,6 +44,17 @@ def test_shipped_pair_generates_exactly_and_agrees(pair):
     assert spec.stats.acceptance_rate > 0.3, spec.stats.summary()
 
 
+@pytest.mark.parametrize("name", ["code-draft-greedy", "docs-draft", "docs-draft-greedy"])
+def test_tuned_drafts_load_and_verify_exactly(pair, name):
+    """The distilled drafts share the pair's architecture and tokenizer and give the target's greedy output."""
+    target, base = pair
+    draft = jaxspec.load(f"jaxspec/{name}")
+    assert draft.config == base.config and draft.tokenizer.get_vocab() == target.tokenizer.get_vocab()
+    spec = jaxspec.generate(target, [PROMPT], draft=draft, gamma=4, max_new_tokens=24, temperature=0.0)
+    assert spec.tokens == jaxspec.generate(target, [PROMPT], max_new_tokens=24, temperature=0.0).tokens
+    assert spec.stats.acceptance_rate > 0.3, spec.stats.summary()
+
+
 def test_unknown_shipped_name_lists_the_available_ones():
     with pytest.raises(FileNotFoundError, match="available: .*jaxspec/code-draft.*jaxspec/code-target"):
         jaxspec.load("jaxspec/code-nothing")

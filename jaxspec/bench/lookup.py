@@ -19,7 +19,7 @@ Reported per workload and drafter: α (accepted ÷ drafted), τ (tokens per targ
 from __future__ import annotations
 
 import jaxspec
-from jaxspec.bench.shipped import DRAFT, TARGET, load_prompts
+from jaxspec.bench.shipped import TARGET, draft_name, load_prompts
 from jaxspec.policy import AutoGamma
 
 WORKLOADS = ("as is", "edit", "repeat")
@@ -38,14 +38,15 @@ def workload_prompt(text: str, workload: str) -> str:
 
 
 def run(args) -> dict:
-    target, draft = jaxspec.load(TARGET), jaxspec.load(DRAFT)
+    target, draft = jaxspec.load(TARGET), jaxspec.load(draft_name(args))
     prompts = load_prompts(args.shipped_prompts)
     temp = args.temperatures[0]
     policy = AutoGamma()
     drafters = {"plain": {}, "draft model": dict(draft=draft, gamma=args.gamma),
                 "prompt lookup": dict(draft="prompt_lookup", gamma=args.gamma),
                 "lookup, auto": dict(draft="prompt_lookup", gamma="auto", policy=policy)}
-    print(f"lookup: shipped pair, {len(prompts)} held-out prompts per workload, batch 1, γ={args.gamma}, "
+    print(f"lookup: shipped pair ({TARGET} + {draft_name(args)}), {len(prompts)} held-out prompts per workload, "
+          f"batch 1, γ={args.gamma}, "
           f"temperature {temp:g}, {args.max_new_tokens} new tokens, {args.repeats} repeats", flush=True)
     header = f"{'workload':>8} | {'drafter':>13} | {'α':>5} | {'τ':>5} | {'tok/s':>7} | vs plain"
     print(header + "\n" + "-" * len(header), flush=True)
@@ -55,6 +56,7 @@ def run(args) -> dict:
         ids = [target.tokenizer.encode(workload_prompt(p["prompt"], workload)) for p in prompts]
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=temp)
         totals = {name: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0) for name in drafters}
+        choices = {}  # auto's decisions in the timed calls: "γ=4", "plain", "probe γ=2" -> count
         for i, prompt in enumerate(ids):
             for name, extra in drafters.items():  # compile / warm-up
                 jaxspec.generate(target, [prompt], seed=args.seed + i, **kw, **extra)
@@ -67,6 +69,10 @@ def run(args) -> dict:
                     t["drafted"] += s.drafted
                     t["accepted"] += s.accepted
                     t["rounds"] += s.rounds
+                    if s.policy is not None:
+                        g = s.policy["gamma"]
+                        label = ("probe " if s.policy.get("probe") else "") + (f"γ={g}" if g else "plain")
+                        choices[label] = choices.get(label, 0) + 1
         plain = totals["plain"]["tokens"] / totals["plain"]["seconds"]
         for name, t in totals.items():
             tok_s = t["tokens"] / t["seconds"]
@@ -78,4 +84,6 @@ def run(args) -> dict:
             tau = "" if row["alpha"] is None else f"{row['tau']:.2f}"
             print(f"{workload:>8} | {name:>13} | {a:>5} | {tau:>5} | {tok_s:7.1f} | {row['vs_plain']:.2f}×",
                   flush=True)
+        doc["rows"][-1]["auto_choices"] = choices
+        print(f"{'':>8}   auto chose: " + ", ".join(f"{k} ×{v}" for k, v in sorted(choices.items())), flush=True)
     return doc

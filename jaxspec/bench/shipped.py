@@ -21,6 +21,11 @@ _gen = importlib.import_module("jaxspec.generate")
 TARGET, DRAFT = "jaxspec/code-target", "jaxspec/code-draft"
 
 
+def draft_name(args) -> str:
+    """The draft the shipped-pair modes use: ``--shipped-draft`` or the pair's own."""
+    return getattr(args, "shipped_draft", None) or DRAFT
+
+
 def load_prompts(limit: int | None = None) -> list[dict]:
     with open(shipped_dir() / "heldout_prompts.jsonl") as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -33,7 +38,7 @@ def _one(target, draft, prompt, kw, seed):
 
 
 def run(args) -> dict:
-    target, draft = jaxspec.load(TARGET), jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
+    target, draft = jaxspec.load(TARGET), jaxspec.load(draft_name(args))
     prompts = load_prompts(args.shipped_prompts)
     ids = [target.tokenizer.encode(p["prompt"]) for p in prompts]
     print(f"shipped pair: target {target.num_params / 1e6:.2f} M params, draft {draft.num_params / 1e6:.2f} M; "

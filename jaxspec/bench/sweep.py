@@ -1,9 +1,13 @@
 """``--sweep``: batch sizes × {plain, γ fixed, auto} on the shipped pair (held-out prompts), with a table and a PNG.
 
-For each batch size B the first B held-out prompts (cycled when B exceeds them) are generated in one call per
-mode, ``--max-new-tokens`` each, after a warm-up call per mode (compile excluded; the warm-up also gives the
-auto policy its first acceptance observations). tokens/s = generated tokens ÷ device time, median of
-``--repeats`` calls; ratios are against plain decoding at the same batch size in the same run.
+Every batch size generates the same pool of prompts: the held-out prompts cycled to a multiple of the largest
+batch size (64 rows by default: each of the 24 prompts two or three times), in calls of B rows each,
+``--max-new-tokens`` each.
+(A first version gave batch B the first B prompts, so batch 1 measured one prompt.) A warm-up pass over the
+pool per mode compiles every prompt-length bucket and gives the auto policy its first acceptance observations;
+then ``--repeats`` timed passes, modes interleaved per call. tokens/s = generated tokens ÷ device time
+(compile excluded) of a pass, median over the passes; ratios are against plain decoding at the same batch size
+in the same run.
 """
 
 from __future__ import annotations
@@ -12,67 +16,90 @@ import statistics
 import time
 
 import jaxspec
-from jaxspec.bench.shipped import DRAFT, TARGET, load_prompts
+from jaxspec.bench.shipped import TARGET, draft_name, load_prompts
 from jaxspec.policy import AutoGamma
 
 
-def _batch_prompts(ids: list[list[int]], batch: int) -> list[list[int]]:
-    return [ids[i % len(ids)] for i in range(batch)]
+def prompt_pool(ids: list[list[int]], size: int) -> list[list[int]]:
+    """The prompts every batch size generates: ``ids`` cycled to ``size`` rows."""
+    return [ids[i % len(ids)] for i in range(size)]
+
+
+def batch_calls(pool: list, batch: int) -> list[list]:
+    """``pool`` cut into consecutive calls of ``batch`` rows (the last one shorter if ``batch`` does not divide it)."""
+    return [pool[i : i + batch] for i in range(0, len(pool), batch)]
 
 
 def run(args) -> dict:
-    target, draft = jaxspec.load(TARGET), jaxspec.load(DRAFT)
+    target, draft = jaxspec.load(TARGET), jaxspec.load(draft_name(args))
     ids = [target.tokenizer.encode(p["prompt"]) for p in load_prompts()]
+    largest = max(args.batches)
+    pool = prompt_pool(ids, -(-max(largest, len(ids)) // largest) * largest)
     policy = AutoGamma()
     temp = args.temperatures[0]
-    print(f"sweep: shipped pair, batch sizes {args.batches}, temperature {temp:g}, γ={args.gamma} fixed vs auto "
-          f"(candidates {policy.gammas}), {args.max_new_tokens} new tokens, {args.repeats} repeats", flush=True)
+    print(f"sweep: shipped pair ({TARGET} + {draft_name(args)}), batch sizes {args.batches}, temperature {temp:g}, "
+          f"γ={args.gamma} fixed vs auto (candidates {policy.gammas}), {args.max_new_tokens} new tokens, the same "
+          f"{len(pool)} prompts at every batch size, {args.repeats} timed passes", flush=True)
     modes = {"plain": dict(draft=None), f"γ={args.gamma}": dict(draft=draft, gamma=args.gamma),
              "auto": dict(draft=draft, gamma="auto", policy=policy)}
     rows = []
-    header = f"{'batch':>5} | " + " | ".join(f"{m:>22}" for m in modes) + " | auto decision"
+    header = f"{'batch':>5} | " + " | ".join(f"{m:>22}" for m in modes) + " | auto decision (last call)"
     print(header + "\n" + "-" * len(header), flush=True)
     for batch in args.batches:
-        prompts = _batch_prompts(ids, batch)
+        calls = batch_calls(pool, batch)
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=temp, seed=args.seed)
-        row = {"batch": batch}
-        for name, extra in modes.items():  # compile / warm-up; auto's first call also measures its round costs
+        row = {"batch": batch, "calls": len(calls)}
+        for name, extra in modes.items():  # warm-up pass: compiles; auto's first call also times its round costs
             start = time.perf_counter()
-            jaxspec.generate(target, prompts, **kw, **extra)
-            row.setdefault("first_call_s", {})[name] = time.perf_counter() - start
-        runs = {name: [] for name in modes}
+            for i, prompts in enumerate(calls):
+                jaxspec.generate(target, prompts, **kw, **extra)
+                if i == 0:
+                    row.setdefault("first_call_s", {})[name] = time.perf_counter() - start
+        passes = {name: [] for name in modes}
+        choices = {}
         for _ in range(args.repeats):
-            for name, extra in modes.items():
-                runs[name].append(jaxspec.generate(target, prompts, **kw, **extra).stats)
-        for name, stats in runs.items():
-            row[name] = {
-                "tok_s": statistics.median(s.tokens_per_s for s in stats),
-                "alpha": stats[-1].acceptance_rate,
-                "gamma": stats[-1].gamma,
-                "decision": stats[-1].policy,
-            }
+            totals = {name: [0, 0.0, 0, 0] for name in modes}  # tokens, seconds, accepted, drafted
+            for prompts in calls:
+                for name, extra in modes.items():
+                    s = jaxspec.generate(target, prompts, **kw, **extra).stats
+                    t = totals[name]
+                    t[0] += s.generated_tokens
+                    t[1] += s.wall_time_s
+                    t[2] += s.accepted
+                    t[3] += s.drafted
+                    if s.policy is not None:
+                        label = ("probe " if s.policy["probe"] else "") + (f"γ={s.gamma}" if s.gamma else "plain")
+                        choices[label] = choices.get(label, 0) + 1
+                        row["auto_decision"] = s.policy
+            for name, t in totals.items():
+                passes[name].append(t)
+        for name, ts in passes.items():
+            accepted, drafted = sum(t[2] for t in ts), sum(t[3] for t in ts)
+            row[name] = {"tok_s": statistics.median(t[0] / t[1] for t in ts),
+                         "alpha": accepted / drafted if drafted else None}
         plain = row["plain"]["tok_s"]
         for name in modes:
             row[name]["vs_plain"] = row[name]["tok_s"] / plain
+        row["auto_choices"] = choices
         rows.append(row)
         cells = []
         for name in modes:
             r = row[name]
             a = "" if r["alpha"] is None else f" α{r['alpha']:.2f}"
             cells.append(f"{r['tok_s']:7.1f} {r['vs_plain']:4.2f}×{a:>6}")
-        decision = row["auto"]["decision"]["reason"] if row["auto"]["decision"] else ""
-        print(f"{batch:>5} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {decision}", flush=True)
+        d = row["auto_decision"]
+        print(f"{batch:>5} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {d['reason']}", flush=True)
+        print("      auto chose (timed calls): " + ", ".join(f"{k} ×{v}" for k, v in sorted(choices.items())),
+              flush=True)
         first = row["first_call_s"]
         print(f"      first calls (compile; auto also times its candidate loops): "
               + ", ".join(f"{m} {first[m]:.1f} s" for m in modes), flush=True)
-        d = row["auto"]["decision"]
-        if d:
-            print("      auto's inputs: round cost r(γ) " + ", ".join(f"{g}: {r:.2f}" for g, r in d["round_cost"].items())
-                  + "; τ(γ) " + ", ".join(f"{g}: {t:.2f}" for g, t in d["tau"].items())
-                  + f"; straggler {d['straggler']:.2f}; standalone c {d['c']:.3f}, v " + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()),
-                  flush=True)
+        print("      auto's inputs: round cost r(γ) " + ", ".join(f"{g}: {r:.2f}" for g, r in d["round_cost"].items())
+              + "; τ(γ) " + ", ".join(f"{g}: {t:.2f}" for g, t in d["tau"].items())
+              + f"; straggler {d['straggler']:.2f}; standalone c {d['c']:.3f}, v "
+              + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()), flush=True)
     doc = {"mode": "sweep", "temperature": temp, "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
-           "rows": rows}
+           "draft": draft_name(args), "pool": len(pool), "rows": rows}
     if args.plot:
         _plot(rows, list(modes), args.plot)
         print(f"plot written to {args.plot}")
