@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shipped", dest="mode", action="store_const", const="shipped",
                    help="measure the shipped pair (jaxspec/code-target + code-draft) on held-out prompts")
     p.add_argument("--shipped-prompts", type=int, help="use only the first N held-out prompts")
-    p.add_argument("--shipped-draft", metavar="NAME", help="--shipped/--sweep/--lookup: another draft (e.g. jaxspec/code-draft-greedy)")
+    p.add_argument("--shipped-draft", metavar="NAME",
+                   help="--shipped/--sweep/--lookup: another draft (e.g. jaxspec/code-draft-greedy)")
     p.add_argument("--sweep", dest="mode", action="store_const", const="sweep",
                    help="batch sizes x {plain, fixed γ, auto} on the shipped pair")
     p.add_argument("--lookup", dest="mode", action="store_const", const="lookup",

@@ -2,9 +2,8 @@
 
 Every batch size generates the same pool of prompts: the held-out prompts cycled to a multiple of the largest
 batch size (64 rows by default: each of the 24 prompts two or three times), in calls of B rows each,
-``--max-new-tokens`` each.
-(A first version gave batch B the first B prompts, so batch 1 measured one prompt.) A warm-up pass over the
-pool per mode compiles every prompt-length bucket and gives the auto policy its first acceptance observations;
+``--max-new-tokens`` each (a first version gave batch B the first B prompts, so batch 1 measured one prompt).
+A warm-up pass over the pool per mode compiles every prompt-length bucket and gives the auto policy its first acceptance observations;
 then ``--repeats`` timed passes, modes interleaved per call. tokens/s = generated tokens ÷ device time
 (compile excluded) of a pass, median over the passes; ratios are against plain decoding at the same batch size
 in the same run.
