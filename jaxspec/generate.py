@@ -505,7 +505,7 @@ def generate(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str 
     produced NaN/inf logits.
     """
     prep = prepare(target, prompts, draft=draft, **kwargs)
-    tparams, dparams = _on_mesh(prep, target, draft)
+    tparams, dparams = _on_mesh(prep, target, prep.draft)  # the drafter used: None when auto chose plain
     start = time.perf_counter()
     if prep.decision is None:
         state, compile_s = loop.generate_program(prep.spec, tparams, dparams, prep.inputs)
@@ -548,7 +548,7 @@ class Stream:
 
     def __iter__(self) -> Iterator[StreamStep]:
         prep, target = self._prep, self._target
-        tparams, dparams = _on_mesh(prep, target, self._draft)
+        tparams, dparams = _on_mesh(prep, target, prep.draft)
         start = time.perf_counter()
         state, compile_s = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
         n = prep.num_rows

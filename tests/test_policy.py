@@ -97,6 +97,7 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
 
     policy = AutoGamma(gammas=(1, 3))
     prompts = [[5, 6, 7], [9, 2]]
+    start = loop.rounds_program.cache_size()
     first = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20,
                              temperature=0.0)
     p = first.stats.policy
@@ -116,6 +117,13 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
     assert loop.rounds_program.cache_size() == compiled
     # the observed α may change the chosen γ: at most that γ's prefill compiles, never a loop
     assert counts["compiles"] <= 1
+    policy.set_alpha(target, small_draft, True, 0.0)  # now plain decoding: the timed γ = 0 loop, no draft weights
+    plain_auto = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy,
+                                  max_new_tokens=20, temperature=0.0)
+    assert plain_auto.stats.mode == "plain" and plain_auto.tokens == plain.tokens
+    # every call ran a loop the timing compiled (γ = 0, 1, 3): a plain decision once ran the γ = 0 loop with the
+    # draft's weights as an extra argument, a fourth compile
+    assert loop.rounds_program.cache_size() - start <= 3
 
 
 def test_time_rounds_counts_rounds_not_dispatch(target, small_draft):
