@@ -163,3 +163,32 @@ def test_sweep_gives_every_batch_size_the_same_prompts():
         calls = batch_calls(pool, batch)
         assert all(len(c) == batch for c in calls) and [p for c in calls for p in c] == pool
     assert [len(c) for c in batch_calls(pool, 3)] == [3, 3, 2]
+
+
+def test_sweep_decomposes_speculative_time_against_plain():
+    from types import SimpleNamespace
+
+    from jaxspec.bench.sweep import CallRecord, decompose, record
+
+    # Two plain calls: 0.8 s of decoding over 40 loop passes each (a step is 20 ms), 0.2 s of prefill each.
+    plain = [CallRecord(wall_s=1.0, prefill_s=0.2, passes=40, row_rounds=80, tokens=80, longest=40)] * 2
+    # Two γ=4 calls of the same 80 tokens: 11 passes where 10 would do at τ = 4 (a 50 ms round).
+    spec = [CallRecord(wall_s=0.8, prefill_s=0.25, passes=11, row_rounds=20, tokens=80, longest=40)] * 2
+    x = decompose(plain, spec, gamma=4, c=0.15, v=1.9)
+    assert x["prefill_share"] == pytest.approx(0.2)
+    assert x["round_cost"] == pytest.approx(0.05 / 0.02)
+    assert x["tau"] == pytest.approx(4.0)
+    assert x["straggler"] == pytest.approx(1.1)
+    assert x["decode_speedup"] == pytest.approx((160 / 1.1) / (160 / 1.6))
+    # Every draft accepted: ceil(40 / 5) = 8 rounds a call at 50 ms, plus the 0.25 s prefills.
+    assert x["ceiling"] == pytest.approx((160 / (0.5 + 16 * 0.05)) / (160 / 2.0))
+    assert x["bound"] == pytest.approx(4.0 / (4 * 0.15 + 1.9))
+    assert decompose(plain, spec, gamma=4)["bound"] is None
+    # The same ceiling at other round costs (in plain steps of 20 ms): γ=1 needs ceil(40 / 2) = 20 rounds a call.
+    by_gamma = decompose(plain, spec, gamma=4, round_costs={1: 1.5, 4: 2.5})["ceiling_by_gamma"]
+    assert by_gamma[1] == pytest.approx((160 / (0.5 + 40 * 1.5 * 0.02)) / 80)
+    assert by_gamma[4] == pytest.approx(x["ceiling"])
+
+    rows = [SimpleNamespace(rounds=7, generated_tokens=20), SimpleNamespace(rounds=9, generated_tokens=31)]
+    stats = SimpleNamespace(rows=rows, wall_time_s=0.5, generated_tokens=51)
+    assert record(stats, 0.1) == CallRecord(0.5, 0.1, passes=9, row_rounds=16, tokens=51, longest=31)

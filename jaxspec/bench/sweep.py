@@ -7,14 +7,25 @@ A warm-up pass over the pool per mode compiles every prompt-length bucket and gi
 then ``--repeats`` timed passes, modes interleaved per call. tokens/s = generated tokens ÷ device time
 (compile excluded) of a pass, median over the passes; ratios are against plain decoding at the same batch size
 in the same run.
+
+Each batch size also gets a decomposition of the fixed-γ mode against plain (``decompose``), from the timed calls
+and the prefill programs of the same calls: the prefill's share of a plain call, a round's cost in plain steps,
+τ, the straggler factor, the decode-only speed-up, the ceiling (every draft accepted, at the measured round cost
+and prefill: what no draft could beat on this machine) and the bound τ/(γc+v) from the standalone costs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import statistics
 import time
 
+import jax
+
 import jaxspec
+from jaxspec import loop
+from jaxspec.generate import prepare
 from jaxspec.bench.shipped import TARGET, draft_name, load_prompts
 from jaxspec.policy import AutoGamma
 
@@ -27,6 +38,62 @@ def prompt_pool(ids: list[list[int]], size: int) -> list[list[int]]:
 def batch_calls(pool: list, batch: int) -> list[list]:
     """``pool`` cut into consecutive calls of ``batch`` rows (the last one shorter if ``batch`` does not divide it)."""
     return [pool[i : i + batch] for i in range(0, len(pool), batch)]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRecord:
+    """One timed ``generate`` call: device seconds (compile excluded), the prefill's share of them, and counts."""
+
+    wall_s: float
+    prefill_s: float
+    passes: int  # loop iterations (target passes after prefill): the slowest row's rounds
+    row_rounds: int  # summed over rows
+    tokens: int  # generated, summed over rows
+    longest: int  # the longest row's generated tokens
+
+
+def record(stats, prefill_s: float) -> CallRecord:
+    rows = stats.rows
+    return CallRecord(stats.wall_time_s, prefill_s, max(r.rounds for r in rows), sum(r.rounds for r in rows),
+                      stats.generated_tokens, max(r.generated_tokens for r in rows))
+
+
+def decompose(plain: list[CallRecord], spec: list[CallRecord], gamma: int, c: float | None = None,
+              v: float | None = None, round_costs: dict | None = None) -> dict:
+    """Where a speculative mode's time goes against plain decoding, from the same calls' records.
+
+    step / round: decode seconds (wall minus prefill) per loop iteration; r = round ÷ step. τ: tokens per
+    row-round. straggler: iterations run ÷ iterations the longest rows would need at τ per round (the batch
+    waits for its slowest row). decode_speedup: tokens/s with every prefill left out. ceiling: the speed-up if
+    every draft were accepted (γ + 1 tokens per round for every row) at the measured round cost and prefill,
+    which no draft can beat. bound: τ / (γc + v) from the standalone costs, when given. ceiling_by_gamma: the
+    same ceiling for other γ at their round costs ``round_costs`` (γ -> plain steps, e.g. auto's in-loop timings).
+    """
+    def total(recs, field):
+        return sum(getattr(x, field) for x in recs)
+
+    plain_decode = total(plain, "wall_s") - total(plain, "prefill_s")
+    spec_decode = total(spec, "wall_s") - total(spec, "prefill_s")
+    step = plain_decode / total(plain, "passes")
+    round_s = spec_decode / total(spec, "passes")
+    tau = total(spec, "tokens") / total(spec, "row_rounds")
+    plain_rate = total(plain, "tokens") / total(plain, "wall_s")
+
+    def ceiling(g: int, seconds_per_round: float) -> float:
+        perfect = total(spec, "prefill_s") + sum(math.ceil(x.longest / (g + 1)) for x in spec) * seconds_per_round
+        return (total(spec, "tokens") / perfect) / plain_rate
+
+    out = {
+        "prefill_share": total(plain, "prefill_s") / total(plain, "wall_s"),
+        "round_cost": round_s / step,
+        "tau": tau,
+        "straggler": total(spec, "passes") / sum(x.longest / tau for x in spec),
+        "decode_speedup": (total(spec, "tokens") / spec_decode) / (total(plain, "tokens") / plain_decode),
+        "ceiling": ceiling(gamma, round_s),
+        "bound": None if c is None or v is None else tau / (gamma * c + v),
+        "ceiling_by_gamma": {int(g): ceiling(int(g), r * step) for g, r in (round_costs or {}).items()},
+    }
+    return out
 
 
 def run(args) -> dict:
@@ -56,11 +123,15 @@ def run(args) -> dict:
                     row.setdefault("first_call_s", {})[name] = time.perf_counter() - start
         passes = {name: [] for name in modes}
         choices = {}
+        fixed = f"γ={args.gamma}"
+        timed = {"plain": [], fixed: []}  # (call index, stats) of every timed call, for the decomposition
         for _ in range(args.repeats):
             totals = {name: [0, 0.0, 0, 0] for name in modes}  # tokens, seconds, accepted, drafted
-            for prompts in calls:
+            for i, prompts in enumerate(calls):
                 for name, extra in modes.items():
                     s = jaxspec.generate(target, prompts, **kw, **extra).stats
+                    if name in timed:
+                        timed[name].append((i, s))
                     t = totals[name]
                     t[0] += s.generated_tokens
                     t[1] += s.wall_time_s
@@ -80,13 +151,17 @@ def run(args) -> dict:
         for name in modes:
             row[name]["vs_plain"] = row[name]["tok_s"] / plain
         row["auto_choices"] = choices
+        d = row["auto_decision"]
+        prefills = {name: [prefill_seconds(target, prompts, kw, modes[name]) for prompts in calls] for name in timed}
+        records = {name: [record(s, prefills[name][i]) for i, s in timed[name]] for name in timed}
+        v = d["v"].get(args.gamma, d["v"].get(str(args.gamma)))
+        row["decomposition"] = decompose(records["plain"], records[fixed], args.gamma, d["c"], v, d["round_cost"])
         rows.append(row)
         cells = []
         for name in modes:
             r = row[name]
             a = "" if r["alpha"] is None else f" α{r['alpha']:.2f}"
             cells.append(f"{r['tok_s']:7.1f} {r['vs_plain']:4.2f}×{a:>6}")
-        d = row["auto_decision"]
         print(f"{batch:>5} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {d['reason']}", flush=True)
         print("      auto chose (timed calls): " + ", ".join(f"{k} ×{v}" for k, v in sorted(choices.items())),
               flush=True)
@@ -97,12 +172,35 @@ def run(args) -> dict:
               + "; τ(γ) " + ", ".join(f"{g}: {t:.2f}" for g, t in d["tau"].items())
               + f"; straggler {d['straggler']:.2f}; standalone c {d['c']:.3f}, v "
               + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()), flush=True)
+        x = row["decomposition"]
+        bound = "" if x["bound"] is None else f"; bound τ/(γc+v) {x['bound']:.2f}×"
+        print(f"      where {fixed}'s time goes (timed calls): prefill {100 * x['prefill_share']:.0f} % of a plain "
+              f"call; a round costs {x['round_cost']:.2f} plain steps; τ {x['tau']:.2f} per row-round; straggler "
+              f"{x['straggler']:.2f}; decode-only {x['decode_speedup']:.2f}×; ceiling with every draft accepted "
+              f"{x['ceiling']:.2f}×{bound}", flush=True)
+        print("      ceiling with every draft accepted at auto's round costs: "
+              + ", ".join(f"γ={g} {ceil:.2f}×" for g, ceil in sorted(x["ceiling_by_gamma"].items())), flush=True)
     doc = {"mode": "sweep", "temperature": temp, "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
            "draft": draft_name(args), "pool": len(pool), "rows": rows}
     if args.plot:
         _plot(rows, list(modes), args.plot)
         print(f"plot written to {args.plot}")
     return doc
+
+
+def prefill_seconds(target, prompts, kw: dict, extra: dict, repeats: int = 3) -> float:
+    """Fastest of ``repeats`` runs of the prefill program ``generate`` would run for this call (target and draft
+    prompt passes; compiled on first use, not timed)."""
+    prep = prepare(target, prompts, **kw, **extra)
+    draft = extra.get("draft")
+    params = (target.params, None if draft is None else draft.params)
+    jax.block_until_ready(loop.prefill_program(prep.spec, *params, prep.inputs)[0])
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(loop.prefill_program(prep.spec, *params, prep.inputs)[0])
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def _plot(rows, modes, path):
