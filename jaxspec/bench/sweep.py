@@ -213,6 +213,9 @@ def _plot(rows, modes, path):
     batches = [r["batch"] for r in rows]
     for m in modes:
         ax.plot(batches, [r[m]["vs_plain"] for r in rows], marker="o", label=m)
+    if all("decomposition" in r for r in rows):
+        ax.plot(batches, [r["decomposition"]["ceiling"] for r in rows], color="grey", linestyle="--", marker=".",
+                label=f"{modes[1]}, every draft accepted")
     ax.axhline(0.95, color="grey", linestyle=":", linewidth=1, label="0.95× plain")
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches, [str(b) for b in batches])
