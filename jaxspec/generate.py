@@ -334,6 +334,7 @@ def prepare(
             **({} if acceptance is None else {"acceptance": acceptance}),
         )
 
+    plen = min(_next_pow2(int(lengths.max()), 8), cache_len)  # the prompt's padded length (prefill buckets)
     decision = None
     if auto:  # every check above has passed: measuring costs (it compiles the candidate loops) is safe now
         policy = policy or policy_lib.DEFAULT
@@ -345,12 +346,11 @@ def prepare(
 
         mesh_key = None if mesh is None else (tuple(mesh.shape.items()), shard_draft)
         decision = policy.decide(target, lookup or draft, batch, cache_len, int(np.mean(max_new)), greedy,
-                                 round_timer=round_timer, mesh_key=mesh_key)
+                                 round_timer=round_timer, mesh_key=mesh_key, prompt_tokens=plen)
         gamma = decision.gamma
         if gamma == 0:
             draft = lookup = None
     g = gamma if draft is not None or lookup is not None else 0
-    plen = min(_next_pow2(int(lengths.max()), 8), cache_len)
     prompt = np.zeros((batch, plen), np.int32)
     for i, p in enumerate(rows):
         prompt[i, : len(p)] = p

@@ -10,7 +10,9 @@ Cost model, in units of one plain decoding step at the call's batch size and cac
     c      = draft step ÷ target step                          (standalone model calls; reported)
     v(γ)   = target pass over γ+1 tokens ÷ target step         (standalone; reported: ~1 when memory-bound, up
                                                                  to γ+1 when compute-bound)
-    p      = draft prefill ÷ target step                       (standalone; paid once per call)
+    p, P   = draft / target prefill ÷ target step             (standalone, timed over min(64, cache/2) prompt
+                                                                 tokens and scaled linearly to the call's padded
+                                                                 prompt; paid once per call)
 
 A first version used γc + v(γ) from the standalone calls for r(γ); on the 2-core CPU that was 15-70 %
 optimistic at batch >= 4 (expected 1.63× where 0.95× was measured), because a round's per-step work besides
@@ -24,8 +26,12 @@ before). Expected tokens per round are then τ(γ) = 1 + Σ_{i≤γ} Π_{j≤i} 
 assumption: real acceptances are correlated, and the textbook τ = (1 − α^(γ+1)) / (1 − α) with α = accepted ÷
 drafted underestimates τ badly (α counts the drafts after the first rejection, which are never checked).
 
-A call of N new tokens costs N steps plainly and ``p + s (N / τ) r(γ)`` speculatively, with τ capped at N
-(a round cannot emit more than is left: short outputs gain little). s >= 1 is the straggler factor of a batch:
+A call of N new tokens costs P + N steps plainly and ``P + p + s (N / τ) r(γ)`` speculatively, with τ capped at
+N (a round cannot emit more than is left: short outputs gain little). The target's prefill P is the same in both
+modes but dilutes the gain: a first version left it out, so its expected speed-up was the decode's alone (at batch
+4 a plain call was a third prefill on the 2-core CPU, and 1.24× was expected where a call measured 0.95-1.01×).
+Linear scaling overestimates P for long prompts where a prefill pass is memory-bound (accelerators), which only
+makes the policy more cautious. s >= 1 is the straggler factor of a batch:
 the loop runs until its slowest row is done, and rows accept at different rates, so a batch needs more rounds
 than N / τ (the mean row's). It is learned per (pair, greedy/sampled, batch bucket) from earlier calls as
 passes × τ ÷ (longest row's tokens), where τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call.
@@ -67,8 +73,18 @@ GAMMAS = (1, 2, 4, 6)
 class Costs:
     c: float
     v: dict  # γ -> verify(γ+1 tokens) ÷ step
-    prefill: float
+    prefill: float  # draft prefill ÷ target step, for ``prefill_tokens`` prompt tokens (per call if that is 0)
     round: dict | None = None  # γ -> in-loop round ÷ in-loop plain step (None: use γc + v(γ))
+    target_prefill: float = 0.0  # target prefill ÷ target step, for ``prefill_tokens`` prompt tokens
+    prefill_tokens: int = 0  # the prompt length both prefills were timed at (0: ``prefill`` is per call, unscaled)
+
+    def prefills(self, prompt_tokens: int | None = None) -> tuple[float, float]:
+        """(target, draft) prefill of a call in plain steps, scaled linearly to its (padded) prompt length; without
+        a prompt length or a timed one, (0, ``prefill``)."""
+        if not prompt_tokens or not self.prefill_tokens:
+            return 0.0, self.prefill
+        scale = prompt_tokens / self.prefill_tokens
+        return self.target_prefill * scale, self.prefill * scale
 
     def round_cost(self, gamma: int) -> float:
         if self.round is not None and gamma in self.round:
@@ -90,6 +106,7 @@ class Decision:
     expected_speedup: dict  # γ -> expected speed-up over plain decoding
     reason: str
     probe: bool = False  # speculating to re-measure acceptance after a run of plain decisions (see above)
+    prefill: dict = dataclasses.field(default_factory=dict)  # "target"/"draft" -> this call's prefill in steps
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -105,15 +122,15 @@ def expected_tokens(position_acceptance, gamma: int) -> float:
 
 
 def expected_speedup(alpha, gamma: int, c: float, v: float, new_tokens: int, prefill: float = 0.0,
-                     round_cost: float | None = None, straggler: float = 1.0) -> float:
+                     round_cost: float | None = None, straggler: float = 1.0, target_prefill: float = 0.0) -> float:
     """Plain time ÷ speculative time for ``new_tokens`` tokens (see the module docstring). ``alpha``: one
     acceptance probability for every position, or a sequence of per-position ones. ``round_cost`` (a round in
     plain steps, measured in the loop) replaces ``gamma * c + v`` when given; ``straggler`` multiplies the
-    rounds a batch needs."""
+    rounds a batch needs. ``prefill`` (the draft's) is paid by speculation only, ``target_prefill`` by both."""
     positions = [alpha] * gamma if isinstance(alpha, (int, float)) else alpha
     tau = min(expected_tokens(positions, gamma), float(new_tokens))
     cost = gamma * c + v if round_cost is None else round_cost
-    return new_tokens / (prefill + straggler * new_tokens / tau * cost)
+    return (target_prefill + new_tokens) / (target_prefill + prefill + straggler * new_tokens / tau * cost)
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,16 +226,18 @@ class AutoGamma:
         if key not in self._costs:
             step = _time_step(target, batch, cache_len, 1)
             v = {g: _time_step(target, batch, cache_len, g + 1) / step for g in self.gammas}
+            tokens = min(64, cache_len // 2)
+            target_prefill = _time_step(target, batch, cache_len, tokens) / step
             if hasattr(draft, "apply_fn"):
                 c = _time_step(draft, batch, cache_len, 1) / step
-                prefill = _time_step(draft, batch, cache_len, min(64, cache_len // 2)) / step
+                prefill = _time_step(draft, batch, cache_len, tokens) / step
             else:  # prompt lookup: no model
                 c, prefill = 0.0, 0.0
             rounds = None
             if round_timer is not None:
                 seconds = round_timer((0, *self.gammas))
                 rounds = {g: seconds[g] / seconds[0] for g in self.gammas}
-            self._costs[key] = Costs(c, v, prefill, rounds)
+            self._costs[key] = Costs(c, v, prefill, rounds, target_prefill, tokens)
         return self._costs[key]
 
     def set_costs(self, target, draft, batch: int, cache_len: int, costs: Costs, mesh_key=None) -> None:
@@ -286,16 +305,18 @@ class AutoGamma:
             self._positions[key] = tuple([x * keep for x in column] for column in self._positions[key])
 
     def decide(self, target, draft, batch: int, cache_len: int, new_tokens: int, greedy: bool, round_timer=None,
-               mesh_key=None) -> Decision:
+               mesh_key=None, prompt_tokens: int | None = None) -> Decision:
+        """``prompt_tokens``: the call's padded prompt length, for the prefills (see ``Costs.prefills``)."""
         costs = self.costs(target, draft, batch, cache_len, round_timer, mesh_key)
+        target_prefill, draft_prefill = costs.prefills(prompt_tokens)
         alpha, seen = self.alpha(target, draft, greedy)
         positions = self.position_acceptance(target, draft, greedy)
         round_costs = {g: costs.round_cost(g) for g in self.gammas}
         straggler = self.straggler(target, draft, greedy, batch)
 
         def speedups(acceptance):
-            return {g: expected_speedup(acceptance, g, costs.c, costs.v[g], new_tokens, costs.prefill,
-                                        round_costs[g], straggler) for g in self.gammas}
+            return {g: expected_speedup(acceptance, g, costs.c, costs.v[g], new_tokens, draft_prefill,
+                                        round_costs[g], straggler, target_prefill) for g in self.gammas}
 
         gains = speedups(positions)
         taus = {g: expected_tokens(positions, g) for g in self.gammas}
@@ -322,7 +343,7 @@ class AutoGamma:
                 streak[0] += 1
         self._forget(self._pair(target, draft, greedy))
         return Decision(chosen, alpha, seen, positions, taus, costs.c, dict(costs.v), round_costs, straggler, gains,
-                        reason, probe)
+                        reason, probe, {"target": target_prefill, "draft": draft_prefill})
 
     @staticmethod
     def _pair(target, draft, greedy: bool) -> tuple:

@@ -12,6 +12,9 @@ def test_expected_speedup_by_hand():
     assert expected_speedup(0.8, 4, 0.1, 1.2, 1000) == pytest.approx(3.3616 / 1.6, rel=1e-9)
     # prefill of the draft is paid once per call: 100 tokens, p = 5 -> 100 / (5 + 100 / 3.3616 * 1.6)
     assert expected_speedup(0.8, 4, 0.1, 1.2, 100, prefill=5) == pytest.approx(100 / (5 + 100 / 3.3616 * 1.6))
+    # the target's prefill (50 steps) is paid by both modes: (50 + 100) / (50 + 5 + 100 / 3.3616 * 1.6)
+    assert expected_speedup(0.8, 4, 0.1, 1.2, 100, prefill=5, target_prefill=50) == pytest.approx(
+        150 / (55 + 100 / 3.3616 * 1.6))
     # a round cannot emit more than the output needs: 2 tokens at α = 1 gain at most 2 / (γc + v)
     assert expected_speedup(1.0, 4, 0.1, 1.0, 2) == pytest.approx(2 / 1.4)
     assert expected_speedup(0.0, 4, 0.1, 1.0, 100) < 1  # nothing accepted: speculation is pure cost
@@ -49,6 +52,30 @@ def test_policy_goes_plain_at_low_alpha_and_speculates_at_high(target, small_dra
     assert p["alpha"] == pytest.approx(0.97, abs=0.01) and p["c"] == 0.1 and set(p["v"]) == set(policy.gammas)
     assert max(p["expected_speedup"].values()) == p["expected_speedup"][p["gamma"]] > policy.margin
     assert high.tokens == low.tokens  # greedy: the same text either way
+
+
+def test_a_long_prompt_dilutes_the_expected_gain(target, small_draft):
+    """The target's prefill is paid by both modes: behind a long enough prompt a short output is not worth
+    speculating on, while the same costs and acceptance speculate behind a short one (the negative control)."""
+    policy = AutoGamma(gammas=(4,))
+    # timed over 64 prompt tokens: the target's prefill costs 10 steps, the draft's 0.5
+    costs = Costs(c=0.1, v={4: 1.1}, prefill=0.5, round={4: 1.5}, target_prefill=10.0, prefill_tokens=64)
+    policy.set_costs(target, small_draft, 1, 4096, costs)
+    policy.set_alpha(target, small_draft, True, 0.7)  # τ(4) = 1 + .7 + .49 + .343 + .2401 = 2.7731
+    decode = 20 / 2.7731 * 1.5
+
+    def decide(prompt_tokens):
+        return policy.decide(target, small_draft, 1, 4096, 20, True, prompt_tokens=prompt_tokens)
+
+    short = decide(8)  # 8 tokens: prefills of 1.25 and 0.0625 steps
+    assert short.prefill == pytest.approx({"target": 1.25, "draft": 0.0625})
+    assert short.expected_speedup[4] == pytest.approx(21.25 / (1.3125 + decode), rel=1e-3)
+    assert short.gamma == 4
+    long = decide(4096)  # 640 and 32 steps: (640 + 20) / (672 + 10.8) < 1
+    assert long.expected_speedup[4] == pytest.approx(660 / (672 + decode), rel=1e-3)
+    assert long.gamma == 0 and "below the margin" in long.reason
+    # without a prompt length only the draft's (per call) prefill counts, as before
+    assert decide(None).prefill == {"target": 0.0, "draft": 0.5}
 
 
 def test_running_alpha_learns_from_calls(target):
@@ -105,8 +132,12 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
     assert p["round_cost"] != {g: g * p["c"] + p["v"][g] for g in (1, 3)}  # measured, not the standalone sum
     for g in (1, 3):  # the decision is the formula with the measured round cost
         tau = min(p["tau"][g], 20)
-        assert p["expected_speedup"][g] == pytest.approx(20 / (policy.costs(target, small_draft, 2, 64).prefill
-                                                               + 20 / tau * p["round_cost"][g]))
+        costs = policy.costs(target, small_draft, 2, 64)
+        assert costs.prefill_tokens == 32 and costs.target_prefill > 0
+        # both prefills timed over 32 prompt tokens, scaled to these prompts' padded 8
+        big, small = costs.target_prefill * 8 / 32, costs.prefill * 8 / 32
+        assert p["prefill"] == pytest.approx({"target": big, "draft": small})
+        assert p["expected_speedup"][g] == pytest.approx((big + 20) / (big + small + 20 / tau * p["round_cost"][g]))
     plain = jaxspec.generate(target, prompts, max_new_tokens=20, temperature=0.0)
     assert first.tokens == plain.tokens
     compiled = loop.rounds_program.cache_size()

@@ -170,7 +170,8 @@ def run(args) -> dict:
               + ", ".join(f"{m} {first[m]:.1f} s" for m in modes), flush=True)
         print("      auto's inputs: round cost r(γ) " + ", ".join(f"{g}: {r:.2f}" for g, r in d["round_cost"].items())
               + "; τ(γ) " + ", ".join(f"{g}: {t:.2f}" for g, t in d["tau"].items())
-              + f"; straggler {d['straggler']:.2f}; standalone c {d['c']:.3f}, v "
+              + f"; straggler {d['straggler']:.2f}; prefill (steps) target {d['prefill'].get('target', 0):.1f}, "
+              + f"draft {d['prefill'].get('draft', 0):.1f}; standalone c {d['c']:.3f}, v "
               + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()), flush=True)
         x = row["decomposition"]
         bound = "" if x["bound"] is None else f"; bound τ/(γc+v) {x['bound']:.2f}×"
