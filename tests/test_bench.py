@@ -165,6 +165,19 @@ def test_sweep_gives_every_batch_size_the_same_prompts():
     assert [len(c) for c in batch_calls(pool, 3)] == [3, 3, 2]
 
 
+def test_sweep_pairs_ratios_by_pass():
+    from jaxspec.bench.sweep import paired_ratio
+
+    # the mode is 10 % faster than plain within passes 1 and 2; the machine halves its speed for passes 2 and 3,
+    # and recovers in the middle of pass 3, after plain's call. The ratio of the medians would read 110 / 50 = 2.2.
+    plain = [[100, 1.0], [100, 2.0], [100, 2.0]]
+    mode = [[110, 1.0], [110, 2.0], [110, 1.0]]
+    assert paired_ratio(mode, plain) == pytest.approx(1.1)
+    assert paired_ratio(plain, plain) == 1.0
+    with pytest.raises(ValueError):
+        paired_ratio(mode, plain[:2])
+
+
 def test_sweep_decomposes_speculative_time_against_plain():
     from types import SimpleNamespace
 

@@ -5,8 +5,11 @@ batch size (64 rows by default: each of the 24 prompts two or three times), in c
 ``--max-new-tokens`` each (a first version gave batch B the first B prompts, so batch 1 measured one prompt).
 A warm-up pass over the pool per mode compiles every prompt-length bucket and gives the auto policy its first acceptance observations;
 then ``--repeats`` timed passes, modes interleaved per call. tokens/s = generated tokens ÷ device time
-(compile excluded) of a pass, median over the passes; ratios are against plain decoding at the same batch size
-in the same run.
+(compile excluded) of a pass, median over the passes. Ratios are against plain decoding at the same batch size
+in the same run, paired by pass: the median over passes of (the mode's tok/s ÷ plain's in the same pass), so a
+drift of the machine's speed between passes cancels (at batch 64 a pass is one call per mode; a ratio of the
+medians once read 0.92× for auto calls that all decoded plainly, whose prefill + rounds programs time the same
+as plain's single program: 7.37 s against 7.39 s, medians of 6 interleaved calls at batch 64).
 
 Each batch size also gets a decomposition of the fixed-γ mode against plain (``decompose``), from the timed calls
 and the prefill programs of the same calls: the prefill's share of a plain call, a round's cost in plain steps,
@@ -147,9 +150,8 @@ def run(args) -> dict:
             accepted, drafted = sum(t[2] for t in ts), sum(t[3] for t in ts)
             row[name] = {"tok_s": statistics.median(t[0] / t[1] for t in ts),
                          "alpha": accepted / drafted if drafted else None}
-        plain = row["plain"]["tok_s"]
         for name in modes:
-            row[name]["vs_plain"] = row[name]["tok_s"] / plain
+            row[name]["vs_plain"] = paired_ratio(passes[name], passes["plain"])
         row["auto_choices"] = choices
         d = row["auto_decision"]
         prefills = {name: [prefill_seconds(target, prompts, kw, modes[name]) for prompts in calls] for name in timed}
@@ -187,6 +189,11 @@ def run(args) -> dict:
         _plot(rows, list(modes), args.plot)
         print(f"plot written to {args.plot}")
     return doc
+
+
+def paired_ratio(mode_passes: list, plain_passes: list) -> float:
+    """Median over passes of tok/s ÷ plain tok/s in the same pass (each pass: [tokens, seconds, ...])."""
+    return statistics.median((m[0] / m[1]) / (p[0] / p[1]) for m, p in zip(mode_passes, plain_passes, strict=True))
 
 
 def prefill_seconds(target, prompts, kw: dict, extra: dict, repeats: int = 3) -> float:
