@@ -86,7 +86,7 @@ def decompose(plain: list[CallRecord], spec: list[CallRecord], gamma: int, c: fl
         perfect = total(spec, "prefill_s") + sum(math.ceil(x.longest / (g + 1)) for x in spec) * seconds_per_round
         return (total(spec, "tokens") / perfect) / plain_rate
 
-    out = {
+    return {
         "prefill_share": total(plain, "prefill_s") / total(plain, "wall_s"),
         "round_cost": round_s / step,
         "tau": tau,
@@ -96,7 +96,6 @@ def decompose(plain: list[CallRecord], spec: list[CallRecord], gamma: int, c: fl
         "bound": None if c is None or v is None else tau / (gamma * c + v),
         "ceiling_by_gamma": {int(g): ceiling(int(g), r * step) for g, r in (round_costs or {}).items()},
     }
-    return out
 
 
 def run(args) -> dict:
@@ -156,8 +155,8 @@ def run(args) -> dict:
         d = row["auto_decision"]
         prefills = {name: [prefill_seconds(target, prompts, kw, modes[name]) for prompts in calls] for name in timed}
         records = {name: [record(s, prefills[name][i]) for i, s in timed[name]] for name in timed}
-        v = d["v"].get(args.gamma, d["v"].get(str(args.gamma)))
-        row["decomposition"] = decompose(records["plain"], records[fixed], args.gamma, d["c"], v, d["round_cost"])
+        row["decomposition"] = decompose(records["plain"], records[fixed], args.gamma, d["c"], d["v"].get(args.gamma),
+                                         d["round_cost"])
         rows.append(row)
         cells = []
         for name in modes:
