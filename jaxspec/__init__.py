@@ -6,7 +6,12 @@ safetensors directories), ``save`` (orbax) and ``export_hf``; ``sharding`` (mesh
 ``multihost`` (``share_prompts``) for generation across devices and processes.
 """
 
-from jaxspec.generate import (
+import os as _os
+
+# jaxspec uses transformers for tokenizers only: its "PyTorch was not found" advice is noise here.
+_os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+from jaxspec.generate import (  # noqa: E402
     GenerationResult,
     NonFiniteLogitsError,
     RowStats,
@@ -16,7 +21,7 @@ from jaxspec.generate import (
     generate,
     stream,
 )
-from jaxspec.checkpoint import load, save
+from jaxspec.checkpoint import load, save  # noqa: E402
 from jaxspec.distill import distill
 from jaxspec.hf_export import export_hf
 from jaxspec.drafters import PromptLookup

@@ -162,20 +162,36 @@ def resolve(path: str | Path) -> Path:
     return Path(path)
 
 
+def _has_magic(path: Path, magic: bytes) -> bool:
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(len(magic)) == magic
+
+
 def load(path: str | Path, dtype: str | None = None, *, sharding: Any = None, mesh: Any = None,
          **hf_kwargs) -> CausalLM:
-    """Load a model: a shipped name (``"jaxspec/code-target"``, ``"jaxspec/code-draft"``), a jaxspec checkpoint
-    directory (``save``) or a Hugging Face directory (``jaxspec.hf.load``).
+    """Load a model: a named model (``"smollm2-135m-instruct"``, see ``jaxspec.named``), a shipped name
+    (``"jaxspec/code-target"``, ``"jaxspec/code-draft"``), a jaxspec checkpoint directory (``save``), a GGUF file
+    (``jaxspec.gguf_file.load``) or a Hugging Face directory (``jaxspec.hf.load``).
 
     ``dtype`` None keeps a jaxspec checkpoint's dtype and loads Hugging Face weights as float32. ``mesh`` places
     every weight straight into its sharding on that mesh (``jaxspec.sharding``); ``sharding`` (orbax only) gives
     the shardings explicitly.
     """
+    from jaxspec import named
+
+    if isinstance(path, str) and named.is_model(path) and not Path(path).exists():
+        path = named.path(path)
     path = resolve(path)
     if is_orbax_model(path):
         return load_orbax(path, dtype, sharding, mesh)
     if sharding is not None:
         raise ValueError("sharding= is supported for jaxspec (orbax) checkpoints only; use mesh= for any directory")
+    if path.suffix == ".gguf" or _has_magic(path, b"GGUF"):
+        from jaxspec import gguf_file
+
+        return gguf_file.load(path, dtype or "float32", mesh=mesh, **hf_kwargs)
     from jaxspec import hf
 
     return hf.load(path, dtype or "float32", mesh=mesh, **hf_kwargs)

@@ -380,13 +380,15 @@ def _stacked_slice(arrays: list[np.ndarray], stacked: bool, index: tuple, dtype)
     return np.stack([np.asarray(arrays[i][index[1:]], dtype=dtype) for i in layers])
 
 
-def load_params(root: Path, family: Family, cfg, shardings=None) -> dict:
+def load_params(root: Path, family: Family, cfg, shardings=None, tensors=None) -> dict:
     """Our params tree for ``cfg``, read from the safetensors in ``root`` and cast to ``cfg.dtype``.
 
     With ``shardings`` (a pytree of ``jax.sharding.Sharding`` like the params), each device's shard is read from
     the memory-mapped files straight into place: no process ever holds a whole tensor it does not need.
+    ``tensors`` (HF tensor name -> an object whose ``get(name)`` returns the array in HF layout) replaces the
+    safetensors in ``root``: the GGUF loader passes its dequantized tensors this way.
     """
-    tensors = _open_tensors(root)
+    tensors = _open_tensors(root) if tensors is None else tensors
     abstract = family.abstract_params(cfg)
     target = np.dtype(cfg.jnp_dtype)
     params: dict = {}

