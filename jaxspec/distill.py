@@ -327,8 +327,14 @@ def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int =
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m jaxspec.distill", description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="target model: a directory or a shipped name")
-    ap.add_argument("--draft", required=True, help="draft model to distill: a directory or a shipped name")
-    ap.add_argument("--prompts", required=True, help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
+    ap.add_argument("--draft", help="draft model to distill: a directory or a shipped name")
+    ap.add_argument("--new-draft", metavar="SPEC",
+                    help="instead of --draft: a new Llama draft for the target, e.g. hidden=256,layers=2,heads=4,"
+                         "kv_heads=1,intermediate=768 (embedding initialised from the target's; see distill_offline)")
+    ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
+    ap.add_argument("--data", metavar="JSONL",
+                    help="offline mode: train on the target's stored outputs ({\"prompt_ids\", \"output_ids\"} "
+                         "per line, from scripts/generate_distill_data.py) by cross-entropy instead of generating")
     ap.add_argument("--out", required=True, help="checkpoint directory (a killed run resumes from it)")
     ap.add_argument("--heldout", help="JSONL file of held-out prompts (default: the last 10%% of --prompts)")
     ap.add_argument("--steps", type=int, default=200)
@@ -350,7 +356,19 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from jaxspec.checkpoint import load, save
 
-    target, draft = load(args.target, args.dtype), load(args.draft, args.dtype)
+    if (args.draft is None) == (args.new_draft is None):
+        ap.error("give exactly one of --draft and --new-draft")
+    if (args.prompts is None) == (args.data is None):
+        ap.error("give exactly one of --prompts (generate while training) and --data (offline)")
+    target = load(args.target, args.dtype)
+    if args.new_draft:
+        from jaxspec.distill_offline import new_draft, parse_spec
+
+        draft = new_draft(target, seed=args.seed, **parse_spec(args.new_draft))
+    else:
+        draft = load(args.draft, args.dtype)
+    if args.data:
+        return _main_offline(args, target, draft, save)
     result = distill(target, draft, args.prompts, out_dir=args.out, heldout=args.heldout, steps=args.steps,
                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                      learning_rate=args.learning_rate, warmup=args.warmup, seed=args.seed, loss=args.loss,
@@ -363,6 +381,25 @@ def main(argv=None):
     if args.save_draft:
         print(f"saved the distilled draft to {save(result.draft, args.save_draft)}")
     return result
+
+
+def _main_offline(args, target, draft, save):
+    from jaxspec.distill_offline import distill_offline
+
+    trained, log = distill_offline(draft, args.data, out_dir=args.out, steps=args.steps, batch_size=args.batch_size,
+                                   learning_rate=args.learning_rate, warmup=args.warmup, seed=args.seed,
+                                   prompt_weight=args.prompt_weight, checkpoint_every=args.checkpoint_every,
+                                   progress=not args.no_progress)
+    if log:
+        print(f"steps {log[-1]['step']}, final loss {log[-1]['loss']:.4f}")
+    if args.heldout:
+        held = read_prompts(args.heldout)
+        alpha = measure_alpha(target, trained, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                              seed=args.seed)
+        print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
+    if args.save_draft:
+        print(f"saved the distilled draft to {save(trained, args.save_draft, storage_dtype='bfloat16')}")
+    return trained
 
 
 if __name__ == "__main__":

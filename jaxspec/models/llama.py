@@ -171,7 +171,9 @@ class Llama(nn.Module):
     cfg: LlamaConfig
 
     @nn.compact
-    def __call__(self, tokens, positions, cache: KVCache):
+    def __call__(self, tokens, positions, cache: KVCache, hidden: bool = False):
+        """``(logits [B, T, V] float32, cache)``; ``hidden=True`` returns the final-norm hidden states
+        ``[B, T, hidden_size]`` instead of logits (training computes the LM head at chosen positions only)."""
         cfg = self.cfg
         embed = nn.Embed(
             cfg.vocab_size,
@@ -196,6 +198,8 @@ class Llama(nn.Module):
         # scanned inputs/outputs would make XLA build a second full cache every step.
         (x, k, v), _ = layers((x, cache.k, cache.v), jnp.arange(cfg.num_layers), positions)
         x = _norm(cfg, "final_norm")(x)
+        if hidden:
+            return x, KVCache(k, v)
         if cfg.tie_embeddings:
             logits = embed.attend(x)
         else:
@@ -240,6 +244,14 @@ def model_fns(cfg: LlamaConfig):
         )
 
     return apply_fn, init_cache
+
+
+def hidden_and_head(cfg: LlamaConfig, params, tokens, positions, cache):
+    """``(hidden [B, T, D], head [D, V])``: the final hidden states and the LM head matrix (the transposed
+    embedding when tied), so a caller can compute logits at a subset of positions."""
+    x, _ = Llama(cfg).apply({"params": params}, tokens, positions, cache, True)
+    head = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
+    return x, head
 
 
 def init_params(cfg: LlamaConfig, seed: int = 0):

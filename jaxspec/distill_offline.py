@@ -1,0 +1,204 @@
+"""Offline draft distillation: generate the target's outputs once, then train the draft on them.
+
+For a target that is slow to run (a real 135 M model on a CPU), generating fresh continuations every step, as
+``jaxspec.distill`` does, costs far more than the training itself. Here the target's outputs are generated once
+(``scripts/generate_distill_data.py``: JSONL records ``{"prompt_ids": [...], "output_ids": [...]}``) and the draft
+is fitted to them by cross-entropy: weight 1 on every generated token (the target's own choice: at temperature 0
+exactly the token a greedy verify pass accepts) and ``prompt_weight`` on the prompt's tokens (the workload's text).
+
+    jaxspec distill --target smollm2-135m-instruct --data runs/smol/train_data.jsonl --out runs/smol/distill \\
+        --new-draft hidden=256,layers=4 --steps 600 --batch-size 8 --save-draft checkpoints/smollm2-draft
+
+``new_draft`` builds a small Llama draft that shares the target's vocabulary, tokenizer and EOS, with its (tied)
+embedding initialised from the target's embedding projected on its top principal directions: the draft starts
+from the target's own geometry of the vocabulary. Batches are pure functions of (seed, step) and the run is
+checkpointed with orbax: a killed run resumes to the same parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
+
+from jaxspec.distill import LOG_FILE, optimizer
+from jaxspec.model import CausalLM
+from jaxspec.models import llama
+
+
+def read_data(path) -> list[tuple[list[int], list[int]]]:
+    """``(prompt_ids, output_ids)`` per line of a JSONL data file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    out = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            prompt, output = rec["prompt_ids"], rec["output_ids"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f'{path}: line {lineno} is not a {{"prompt_ids": [...], "output_ids": [...]}} '
+                             "record") from None
+        if not prompt or not all(isinstance(t, int) for t in prompt + output):
+            raise ValueError(f"{path}: line {lineno}: prompt_ids must be a non-empty list of ints, output_ids ints")
+        out.append((prompt, output))
+    if not out:
+        raise ValueError(f"data file {path} has no records")
+    return out
+
+
+_SPEC_KEYS = {"hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "kv_heads": "num_kv_heads",
+              "intermediate": "intermediate_size"}
+
+
+def parse_spec(text: str) -> dict:
+    """``"hidden=256,layers=2"`` -> ``new_draft`` keyword arguments."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if key.strip() not in _SPEC_KEYS or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"--new-draft: {part!r} is not KEY=positive int with KEY in {sorted(_SPEC_KEYS)}")
+        out[_SPEC_KEYS[key.strip()]] = int(value)
+    return out
+
+
+def new_draft(target: CausalLM, *, hidden_size: int = 256, num_layers: int = 4, num_heads: int = 4,
+              num_kv_heads: int = 1, intermediate_size: int | None = None, seed: int = 0,
+              name: str = "draft") -> CausalLM:
+    """A small tied-embedding Llama draft for ``target`` (same vocabulary, tokenizer and EOS), its embedding
+    initialised as ``E_target @ V[:, :hidden_size] * s`` with ``V`` the right singular vectors of the target's
+    centred embedding and ``s`` bringing it to the draft's ``init_std``."""
+    cfg = llama.LlamaConfig(vocab_size=target.vocab_size, hidden_size=hidden_size,
+                            intermediate_size=intermediate_size or 4 * hidden_size, num_layers=num_layers,
+                            num_heads=num_heads, num_kv_heads=num_kv_heads, tie_embeddings=True,
+                            rope_theta=getattr(target.config, "rope_theta", 10000.0))
+    params = llama.init_params(cfg, seed)
+    emb = target.params.get("embed", {}).get("embedding") if isinstance(target.params, dict) else None
+    if emb is not None and emb.shape[1] >= hidden_size:
+        e = np.asarray(emb, np.float32)
+        _, _, vt = np.linalg.svd(e - e.mean(0), full_matrices=False)
+        proj = e @ vt[:hidden_size].T
+        proj *= cfg.init_std / max(float(proj.std()), 1e-12)  # the target's directions at the draft's init scale
+        params = {**params, "embed": {"embedding": jnp.asarray(proj, cfg.jnp_dtype)}}
+    return llama.from_params(cfg, params, tokenizer=target.tokenizer, eos_token_id=target.eos_token_id, name=name)
+
+
+def batch_at(records, step: int, *, seed: int, batch_size: int, prompt_weight: float, max_length: int = 512,
+             positions: int = 192):
+    """``(tokens [B, T] int32, select [B, S] int32, weight [B, S] float32)`` for ``step``, a pure function of
+    (seed, step). ``select`` lists the positions whose next token is trained on: every position predicting a
+    generated token (weight 1), then prompt positions drawn at random (weight ``prompt_weight``) up to
+    ``S = positions`` (padding: weight 0). The LM head, most of a small draft's cost over a 49 k vocabulary,
+    runs only at these positions. ``T`` is a power of two >= 64; records are cut to ``max_length``."""
+    rng = np.random.default_rng([seed, step])
+    rows = [records[i] for i in rng.integers(0, len(records), size=batch_size)]
+    longest = min(max(len(p) + len(o) for p, o in rows), max_length)
+    length = max(64, 1 << (longest - 1).bit_length())
+    tokens = np.zeros((batch_size, length), np.int32)
+    select = np.zeros((batch_size, positions), np.int32)
+    weight = np.zeros((batch_size, positions), np.float32)
+    for b, (p, o) in enumerate(rows):
+        seq = (p + o)[:length]
+        tokens[b, : len(seq)] = seq
+        out = np.arange(len(p) - 1, len(seq) - 1)[:positions]
+        n_prompt = min(positions - len(out), len(p) - 1) if prompt_weight > 0 else 0
+        prompt = np.sort(rng.choice(len(p) - 1, size=n_prompt, replace=False)) if n_prompt > 0 else out[:0]
+        chosen = np.concatenate([out, prompt])
+        select[b, : len(chosen)] = chosen
+        weight[b, : len(out)] = 1.0
+        weight[b, len(out): len(chosen)] = prompt_weight
+    return tokens, select, weight
+
+
+@functools.lru_cache(maxsize=None)
+def train_step_fn(cfg: llama.LlamaConfig):
+    """Jitted ``(params, opt_state, tokens, select, weight, schedule) -> (params, opt_state, loss)``: weighted
+    next-token cross-entropy at the selected positions; ``schedule = [learning_rate, warmup, steps]`` is traced."""
+    _, init_cache = llama.model_fns(cfg)
+
+    def loss_fn(params, tokens, select, weight):
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        x, head = llama.hidden_and_head(cfg, params, tokens, positions, init_cache(*tokens.shape))
+        h = jnp.take_along_axis(x, select[:, :, None], axis=1)  # [B, S, D]
+        logits = jnp.einsum("bsd,dv->bsv", h, head, preferred_element_type=jnp.float32)
+        labels = jnp.take_along_axis(tokens, jnp.minimum(select + 1, tokens.shape[1] - 1), axis=1)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, labels[:, :, None], axis=-1)[..., 0]
+        return jnp.sum(nll * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+
+    @jax.jit
+    def step(params, opt_state, tokens, select, weight, schedule):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, select, weight)
+        updates, opt_state = optimizer(*schedule).update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def distill_offline(draft: CausalLM, data, *, out_dir, steps: int = 600, batch_size: int = 8,
+                    learning_rate: float = 1e-3, warmup: int | None = None, seed: int = 0,
+                    prompt_weight: float = 0.2, max_length: int = 512, checkpoint_every: int = 50,
+                    log_every: int = 10, progress: bool = True) -> tuple[CausalLM, list]:
+    """Train ``draft`` on ``data`` (a JSONL path or ``read_data``'s list); resumes from ``out_dir``.
+    Returns the draft with the trained params and the log records of this call."""
+    records = read_data(data) if isinstance(data, (str, Path)) else list(data)
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("checkpoint_every", checkpoint_every)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
+    if not prompt_weight >= 0:
+        raise ValueError(f"prompt_weight must be >= 0, got {prompt_weight!r}")
+    if any(t < 0 or t >= draft.vocab_size for p, o in records for t in p + o):
+        raise ValueError(f"data has token ids outside the draft's vocabulary [0, {draft.vocab_size})")
+    warmup = steps // 20 if warmup is None else warmup
+    out_dir = Path(out_dir).resolve()
+    if not isinstance(draft.config, llama.LlamaConfig):
+        raise ValueError("offline distillation trains Llama-family drafts (draft.config must be a LlamaConfig)")
+    step_fn = train_step_fn(draft.config)
+    schedule = jnp.asarray([learning_rate, warmup, steps], jnp.float32)
+    state = {"params": draft.params, "opt_state": optimizer(*schedule).init(draft.params), "step": jnp.int32(0),
+             "loss": jnp.float32(jnp.nan)}
+    manager = ocp.CheckpointManager(out_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+    bar = tqdm(total=steps, disable=not progress, desc="distill (offline)")
+    log = []
+    try:
+        start = 0
+        if manager.latest_step() is not None:
+            state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
+            start = int(state["step"])
+            bar.update(min(start, steps))
+        params, opt_state, last = state["params"], state["opt_state"], state["loss"]
+        seen, t0 = 0, time.perf_counter()
+        for step in range(start, steps):
+            tokens, select, weight = batch_at(records, step, seed=seed, batch_size=batch_size,
+                                              prompt_weight=prompt_weight, max_length=max_length)
+            params, opt_state, last = step_fn(params, opt_state, tokens, select, weight, schedule)
+            seen += int((weight > 0).sum())
+            done = step + 1
+            if done % checkpoint_every == 0 or done == steps:
+                manager.save(done, args=ocp.args.StandardSave(
+                    {"params": params, "opt_state": opt_state, "step": jnp.int32(done), "loss": last}))
+            bar.update(1)
+            if done % log_every == 0 or done == steps:
+                record = {"step": done, "loss": float(last), "tok_s": seen / (time.perf_counter() - t0),
+                          "loss_kind": "ce-offline"}
+                bar.set_postfix(loss=f"{record['loss']:.4f}")
+                log.append(record)
+                with (out_dir / LOG_FILE).open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+    finally:
+        bar.close()
+        manager.wait_until_finished()
+        manager.close()
+    return draft.replace(params=params), log

@@ -1,0 +1,120 @@
+"""Chat prompts for distilling a draft of a chat model (SmolLM2-135M-Instruct), from local sources only.
+
+    python scripts/make_chat_prompts.py --split train --count 2000 --out runs/smol/train_prompts.jsonl
+    python scripts/make_chat_prompts.py --split heldout --count 64 --out checkpoints/smol_heldout_prompts.jsonl
+
+Sources: the Python standard library's functions (``ast``) and the Python documentation's section titles, split
+into train / held-out by file exactly like ``jaxspec.corpus`` (held-out files are never trained on). Never
+HumanEval. Kinds, drawn with a fixed seed:
+
+- ``complete`` (55 %): a stdlib function cut after its docstring, inside a code fence, to complete;
+- ``write`` (25 %): "Write a Python function `name(args)` that <first line of its docstring>";
+- ``docs`` (20 %): a question about a documented module, function or section.
+"""
+
+import argparse
+import ast
+import json
+import re
+
+import numpy as np
+
+from jaxspec import corpus
+
+COMPLETE = [
+    "Complete the following Python function:\n\n```python\n{code}```",
+    "Finish this Python function.\n\n```python\n{code}```",
+    "Implement the body of this function:\n```python\n{code}```",
+    "{code}",
+]
+WRITE = [
+    "Write a Python function `{sig}` that {doc}",
+    "Write a function {name} in Python. It should {doc}",
+    "Can you implement `{sig}`? {doc_cap}",
+]
+DOCS = [
+    "What does `{qual}` do in Python? Give a short example.",
+    "Explain how to use {qual} in Python.",
+    "How do I use the `{module}` module in Python?",
+    "Explain \"{title}\" in Python.",
+]
+
+
+def _functions(split: str):
+    """(module, function source up to and including its docstring, name, signature, first docstring line)."""
+    out = []
+    for name, path in corpus.corpus_files(split):
+        if not name.startswith("stdlib/") or "/test" in name or name.startswith("stdlib/encodings/"):
+            continue
+        text = corpus.read_text(path)
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines(keepends=True)
+        module = name[len("stdlib/"):-3].replace("/", ".").removesuffix(".__init__")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or node.col_offset != 0:
+                continue
+            doc = ast.get_docstring(node)
+            body = node.body
+            if not doc or len(body) < 2 or not isinstance(body[0], ast.Expr):
+                continue
+            end = body[0].end_lineno
+            head = "".join(lines[node.lineno - 1 - len(node.decorator_list): end])
+            if len(head) > 900 or len(head) < 40:
+                continue
+            args = ", ".join(a.arg for a in node.args.args)
+            first = doc.strip().splitlines()[0].strip().rstrip(".")
+            out.append((module, head, node.name, f"{node.name}({args})", first))
+    return out
+
+
+def _titles(split: str):
+    out = []
+    for name, path in corpus.corpus_files(split):
+        if not name.startswith("docs/library/"):
+            continue
+        lines = corpus.read_text(path).splitlines()
+        for a, b in zip(lines, lines[1:]):
+            if a.strip() and re.fullmatch(r"[-=~^]{4,}", b.strip()) and len(a) < 70 and ":" not in a:
+                out.append((name.split("/")[-1].removesuffix(".rst.txt"), a.strip()))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--split", choices=["train", "heldout"], default="train")
+    ap.add_argument("--count", type=int, default=2000)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = np.random.default_rng([args.seed, args.split == "heldout"])
+    funcs, titles = _functions(args.split), _titles(args.split)
+    kinds = rng.choice(["complete", "write", "docs"], size=args.count, p=[0.55, 0.25, 0.20])
+    seen = set()
+    with open(args.out, "w") as f:
+        for i, kind in enumerate(kinds):
+            if kind == "docs" and titles and rng.random() < 0.5:
+                module, title = titles[rng.integers(len(titles))]
+                template = DOCS[rng.integers(2, 4)]
+                text = template.format(module=module, title=title, qual=module)
+            else:
+                module, head, name, sig, doc = funcs[rng.integers(len(funcs))]
+                doc_l = doc[0].lower() + doc[1:] if doc else doc
+                if kind == "complete":
+                    text = COMPLETE[rng.integers(len(COMPLETE))].format(code=head)
+                elif kind == "write":
+                    text = WRITE[rng.integers(len(WRITE))].format(sig=sig, name=name, doc=doc_l + ".",
+                                                                  doc_cap=doc + ".")
+                else:
+                    text = DOCS[rng.integers(0, 2)].format(qual=f"{module}.{name}")
+            if text in seen:
+                continue
+            seen.add(text)
+            f.write(json.dumps({"id": f"{args.split}-{i:04d}", "category": str(kind), "prompt": text}) + "\n")
+    print(f"wrote {len(seen)} prompts to {args.out} ({len(funcs)} functions, {len(titles)} titles)")
+
+
+if __name__ == "__main__":
+    main()
