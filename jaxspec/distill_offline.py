@@ -96,14 +96,20 @@ def new_draft(target: CausalLM, *, hidden_size: int = 256, num_layers: int = 4, 
 def batch_at(records, step: int, *, seed: int, batch_size: int, prompt_weight: float, max_length: int = 512,
              positions: int = 192):
     """``(tokens [B, T] int32, select [B, S] int32, weight [B, S] float32)`` for ``step``, a pure function of
-    (seed, step). ``select`` lists the positions whose next token is trained on: every position predicting a
+    (seed, step). A batch draws its rows from one padded-length bucket (chosen with probability proportional to
+its size), so short records are not padded to the longest. ``select`` lists the positions whose next token is trained on: every position predicting a
     generated token (weight 1), then prompt positions drawn at random (weight ``prompt_weight``) up to
     ``S = positions`` (padding: weight 0). The LM head, most of a small draft's cost over a 49 k vocabulary,
     runs only at these positions. ``T`` is a power of two >= 64; records are cut to ``max_length``."""
     rng = np.random.default_rng([seed, step])
-    rows = [records[i] for i in rng.integers(0, len(records), size=batch_size)]
+    buckets: dict[int, list[int]] = {}  # records of one padded length share a batch: little padding
+    for i, (p, o) in enumerate(records):
+        buckets.setdefault(_bucket(len(p) + len(o), max_length), []).append(i)
+    sizes = sorted(buckets)
+    pick = sizes[rng.choice(len(sizes), p=np.array([len(buckets[k]) for k in sizes]) / len(records))]
+    rows = [records[i] for i in rng.choice(buckets[pick], size=batch_size)]
     longest = min(max(len(p) + len(o) for p, o in rows), max_length)
-    length = max(64, 1 << (longest - 1).bit_length())
+    length = _bucket(longest, max_length)
     tokens = np.zeros((batch_size, length), np.int32)
     select = np.zeros((batch_size, positions), np.int32)
     weight = np.zeros((batch_size, positions), np.float32)
@@ -118,6 +124,10 @@ def batch_at(records, step: int, *, seed: int, batch_size: int, prompt_weight: f
         weight[b, : len(out)] = 1.0
         weight[b, len(out): len(chosen)] = prompt_weight
     return tokens, select, weight
+
+
+def _bucket(length: int, max_length: int) -> int:
+    return max(64, 1 << (min(length, max_length) - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=None)
