@@ -22,8 +22,8 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_TARGET = "jaxspec/code-target"
-DEFAULT_DRAFT = "jaxspec/code-draft"
+DEFAULT_TARGET = "smollm2-135m-instruct"  # a named model: SmolLM2-135M-Instruct (GGUF, fetched once; jaxspec.named)
+DEFAULT_DRAFT = "jaxspec/smollm2-draft"  # its shipped draft, distilled on greedy outputs (the default temperature)
 FORWARDED = ("bench", "distill")
 
 
@@ -99,7 +99,9 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=_number(int, lo=0, hi=2**32 - 1, what="an int in [0, 2**32)"), default=0,
                    help="sampling seed; in batch mode each row's seed is derived from it and the row's id, so a "
                         "row's sample does not depend on its batch or on resuming")
-    g.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap each prompt as a user turn with the chat template (default: when the target's "
+                        "tokenizer has one)")
     g.add_argument("--compare", action="store_true",
                    help="also run plain decoding (same settings) and report the measured speed-up")
 
@@ -135,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, to in (("convert", None), ("export-hf", "hf")):
         c = sub.add_parser(
             name,
-            help="convert a model directory (HF <-> jaxspec)" if to is None else "the same as 'convert --to hf'",
+            help="convert a model (HF directory, GGUF file, named model) to jaxspec or HF" if to is None else "the same as 'convert --to hf'",
             description="Load SRC (a jaxspec directory, a Hugging Face directory or a shipped name) and write it "
                         "to DST, which must not exist or be empty. --to jaxspec: an orbax checkpoint "
                         "(jaxspec.save); --to hf: config.json + model.safetensors + tokenizer (jaxspec.export_hf, "
@@ -192,14 +194,18 @@ Batch:  jaxspec generate --input prompts.jsonl --output out.jsonl [--batch-size 
 
 
 def _check_model_arg(value: str, flag: str) -> None:
+    from jaxspec import named
     from jaxspec.checkpoint import resolve
 
+    if named.is_model(value) and not Path(value).exists():
+        return  # installed, cached or fetched when loaded (a failed fetch says what to run)
     try:
         path = resolve(value)
     except FileNotFoundError as err:
         raise CliError(f"{flag}: {err}") from None
-    if not path.is_dir():
-        raise CliError(f"{flag}: {value!r} is not a model directory or a shipped model name")
+    if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
+        raise CliError(f"{flag}: {value!r} is not a model directory, a GGUF file, a named model or a shipped "
+                       "model name")
 
 
 def _is_none(value: str) -> bool:
@@ -232,6 +238,10 @@ def _load_models(args):
         draft = load(args.draft, "--draft")
     if target.tokenizer is None:
         raise CliError(f"--target: {args.target!r} has no tokenizer; the command line works with text prompts")
+    if args.chat is None:
+        args.chat = getattr(target.tokenizer, "chat_template", None) is not None
+    elif args.chat and getattr(target.tokenizer, "chat_template", None) is None:
+        raise CliError(f"--chat: {args.target!r}'s tokenizer has no chat template")
     return target, draft
 
 
@@ -703,14 +713,19 @@ def cmd_convert(args) -> int:
     import jaxspec
     from jaxspec.checkpoint import resolve
 
-    try:
-        src = resolve(args.src)
-    except FileNotFoundError as err:
-        raise CliError(f"SRC: {err}") from None
-    if not src.exists():
-        raise CliError(f"SRC: {args.src} does not exist")
-    if not src.is_dir():
-        raise CliError(f"SRC: {args.src} is not a model directory")
+    from jaxspec import named
+
+    if named.is_model(args.src) and not Path(args.src).exists():
+        src = args.src  # a named model (GGUF), resolved by jaxspec.load
+    else:
+        try:
+            src = resolve(args.src)
+        except FileNotFoundError as err:
+            raise CliError(f"SRC: {err}") from None
+        if not src.exists():
+            raise CliError(f"SRC: {args.src} does not exist")
+        if not src.is_dir() and src.suffix != ".gguf":
+            raise CliError(f"SRC: {args.src} is not a model directory or a GGUF file")
     dst = Path(args.dst)
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise CliError(f"DST: {dst} exists and is not an empty directory; choose a new path")

@@ -187,3 +187,22 @@ def test_real_tokenizer_matches_transformers_and_llama_cpp_digits(smollm2):
         assert tok.encode(text, add_special_tokens=False) == case["ids"]
     assert smollm2.eos_token_id == TOKENIZATION["eos_token_id"]
     assert (tok.bos_token_id, tok.eos_token_id) == (TOKENIZATION["bos_token_id"], TOKENIZATION["eos_token_id"])
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_pair_greedy_speculative_equals_plain_on_humaneval_prompts(smollm2):
+    """The shipped draft for SmolLM2 verifies exactly: greedy speculative output is the target's greedy output
+    token for token, on HumanEval chat prompts (batch of 3, so rows advance by different accepted counts)."""
+    from jaxspec.bench.humaneval import load_problems, prompt_ids
+
+    draft = jaxspec.load("jaxspec/smollm2-draft")
+    assert draft.vocab_size == smollm2.vocab_size
+    assert draft.tokenizer.get_vocab() == smollm2.tokenizer.get_vocab()
+    ids = prompt_ids(smollm2, load_problems(3))
+    kw = dict(max_new_tokens=24, temperature=0.0)
+    plain = jaxspec.generate(smollm2, ids, **kw)
+    spec = jaxspec.generate(smollm2, ids, draft=draft, gamma=4, **kw)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.acceptance_rate > 0.3, spec.stats.summary()
+    assert "def" in "".join(spec.texts)

