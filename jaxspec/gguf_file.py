@@ -247,7 +247,14 @@ def build_tokenizer(meta: dict, path: Path):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre"), path)
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    post = [processors.ByteLevel(trim_offsets=False)]
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    if meta.get("tokenizer.ggml.add_bos_token") and bos_id is not None and 0 <= bos_id < len(tokens):
+        # llama.cpp prepends BOS to every encoded text: encode(..., add_special_tokens=True) does the same
+        bos = tokens[bos_id]
+        post.append(processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                  special_tokens=[(bos, bos_id)]))
+    tok.post_processor = processors.Sequence(post) if len(post) > 1 else post[0]
     control = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3]
     user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4]
     tok.add_special_tokens(control)
@@ -263,8 +270,6 @@ def build_tokenizer(meta: dict, path: Path):
     template = meta.get("tokenizer.chat_template")
     if template:
         fast.chat_template = template
-    if meta.get("tokenizer.ggml.add_bos_token") and token("bos") is not None:
-        fast._jaxspec_add_bos = True  # informational: GGUF asks for BOS; the chat template carries it when needed
     return fast
 
 

@@ -206,3 +206,21 @@ def test_real_pair_greedy_speculative_equals_plain_on_humaneval_prompts(smollm2)
     assert spec.tokens == plain.tokens
     assert spec.stats.acceptance_rate > 0.3, spec.stats.summary()
     assert "def" in "".join(spec.texts)
+
+
+def test_tokenizer_from_metadata_with_bos_and_chat_template(tmp_path):
+    """A GGUF tokenizer asking for BOS gets it on encode (as llama.cpp does); control tokens stay whole."""
+    tokens = ["<s>", "</s>", "<|user|>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ", "ab"]
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3), "tokenizer.ggml.merges": ["a b"],
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.add_bos_token": True, "tokenizer.chat_template": "{{ messages[0]['content'] }}"}
+    tok = gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
+    ab = tokens.index("ab")
+    assert tok.encode("ab<|user|>c") == [0, ab, 2, tokens.index("c")]
+    assert tok.encode("ab", add_special_tokens=False) == [ab]
+    assert tok.eos_token == "</s>" and tok.decode([ab, 2], skip_special_tokens=True) == "ab"
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi"
+    meta["tokenizer.ggml.pre"] = "mystery"
+    with pytest.raises(gguf_file.GGUFError, match="pre-tokenizer 'mystery'"):
+        gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
