@@ -224,3 +224,15 @@ def test_tokenizer_from_metadata_with_bos_and_chat_template(tmp_path):
     meta["tokenizer.ggml.pre"] = "mystery"
     with pytest.raises(gguf_file.GGUFError, match="pre-tokenizer 'mystery'"):
         gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
+
+
+def test_cli_converts_a_gguf_file_to_a_jaxspec_checkpoint(tmp_path, capsys):
+    from jaxspec import cli
+
+    name = next(n for n in TINY if MANIFEST[n]["quant"] == "Q4_K")
+    assert cli.main(["convert", str(_fixture(name)), str(tmp_path / "out")]) == 0
+    data = _expected(name)
+    logits = np.asarray(jaxspec.load(tmp_path / "out").logits(data["tokens"]))
+    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()),
+                               rtol=1e-4)
+    assert cli.main(["convert", str(tmp_path / "missing.gguf"), str(tmp_path / "o2")]) == 2
