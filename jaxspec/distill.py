@@ -398,6 +398,7 @@ def _main_offline(args, target, draft, save):
                               seed=args.seed)
         print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
     if args.save_draft:
+        trained = trained.replace(name=Path(args.save_draft).name)
         print(f"saved the distilled draft to {save(trained, args.save_draft, storage_dtype='bfloat16')}")
     return trained
 

@@ -19,6 +19,9 @@ import gzip
 import importlib
 import json
 import statistics
+import time
+
+import jax
 
 import jaxspec
 from jaxspec import named
@@ -55,7 +58,10 @@ def _kwargs(mode: str, draft, gamma: int, policy) -> dict:
 
 
 def run(args) -> dict:
+    start = time.perf_counter()
     target = jaxspec.load(getattr(args, "target", None) or TARGET)
+    jax.block_until_ready(target.params)
+    load_s = time.perf_counter() - start
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
@@ -71,7 +77,8 @@ def run(args) -> dict:
     timer = measure.round_timer(target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed)
     policy = AutoGamma()
     doc = {"mode": "humaneval", "gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "problems": len(ids),
-           "rows": []}
+           "target_load_s": load_s, "first_compile_s": {}, "rows": []}
+    print(f"target loaded (GGUF dequantized, placed) in {load_s:.1f} s", flush=True)
     header = (f"{'temp':>6} | {'batch':>5} | {'mode':>6} | {'α':>5} | {'τ':>5} | {'tok/s':>6} | {'vs plain':>8} | "
               f"{'round':>5} | {'bound':>5}")
     print(header + "\n" + "-" * len(header), flush=True)
@@ -87,7 +94,14 @@ def run(args) -> dict:
                 if bucket not in seen_buckets:  # warm-up: compiles (and auto's calibration) outside the timing
                     seen_buckets.add(bucket)
                     for m in MODES:
-                        jaxspec.generate(target, call, seed=args.seed, **base, **_kwargs(m, draft, args.gamma, policy))
+                        t0 = time.perf_counter()
+                        s = jaxspec.generate(target, call, seed=args.seed, **base,
+                                             **_kwargs(m, draft, args.gamma, policy)).stats
+                        if m not in doc["first_compile_s"]:
+                            doc["first_compile_s"][m] = {"compile_s": s.compile_time_s,
+                                                         "first_call_s": time.perf_counter() - t0}
+                            print(f"first {m} call: compiled in {s.compile_time_s:.1f} s, whole call "
+                                  f"{time.perf_counter() - t0:.1f} s", flush=True)
                 for m in MODES:
                     s = jaxspec.generate(target, call, seed=args.seed + k, **base,
                                          **_kwargs(m, draft, args.gamma, policy)).stats
