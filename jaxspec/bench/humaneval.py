@@ -7,7 +7,7 @@ the draft with ``gamma="auto"`` (one policy for the run) and prompt lookup at γ
 prompt bucket compiles first (auto's calibration included). Reported per (temperature, batch, mode): α, τ
 (tokens per row-round), tokens/s (tokens ÷ device time, compilation excluded) and the ratio to plain; c and v
 (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed between calls; a round's cost in plain
-steps; and the bound τ/(γc+v) with that τ, c and v.
+steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
 
 Prompt ids are written with ``--prompts-out`` so transformers can be timed on the very same ids
 (``scripts/bench_transformers.py``).
@@ -126,9 +126,12 @@ def run(args) -> dict:
                 alpha = t["accepted"] / t["drafted"] if t["drafted"] else None
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
-                bound = bound_cpu(alpha, args.gamma, c, v) if m == "fixed" and alpha is not None else None
+                # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
+                bound = tau / (args.gamma * c + v) if m == "fixed" else None
+                bound_alpha = bound_cpu(alpha, args.gamma, c, v) if m == "fixed" and alpha is not None else None
                 row = {"temperature": temp, "batch": batch, "mode": m, "alpha": alpha, "tau": tau, "tok_s": tps,
                        "ratio": tps / plain_tps, "round_cost": round_cost, "c": c, "v": v, "bound": bound,
+                       "bound_alpha_formula": bound_alpha,
                        "tokens": t["tokens"], "seconds": t["seconds"]}
                 if m == "auto":
                     row["auto_choices"] = dict(choices)
