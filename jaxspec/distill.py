@@ -330,7 +330,9 @@ def main(argv=None):
     ap.add_argument("--draft", help="draft model to distill: a directory or a shipped name")
     ap.add_argument("--new-draft", metavar="SPEC",
                     help="instead of --draft: a new Llama draft for the target, e.g. hidden=256,layers=2,heads=4,"
-                         "kv_heads=1,intermediate=768 (embedding initialised from the target's; see distill_offline)")
+                         "kv_heads=1,intermediate=768 (embedding initialised from the target's), or target_layers=2 "
+                         "(the target's first 2 layers, embedding and norm); add vocab=N for a reduced vocabulary "
+                         "of the N ids most frequent in --data (see distill_offline)")
     ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
     ap.add_argument("--data", metavar="JSONL",
                     help="offline mode: train on the target's stored outputs ({\"prompt_ids\", \"output_ids\"} "
@@ -362,9 +364,13 @@ def main(argv=None):
         ap.error("give exactly one of --prompts (generate while training) and --data (offline)")
     target = load(args.target, args.dtype)
     if args.new_draft:
-        from jaxspec.distill_offline import new_draft, parse_spec
+        from jaxspec.distill_offline import make_draft, parse_spec, read_data
 
-        draft = new_draft(target, seed=args.seed, **parse_spec(args.new_draft))
+        try:
+            spec = parse_spec(args.new_draft)
+        except ValueError as e:
+            ap.error(str(e))
+        draft = make_draft(target, read_data(args.data) if args.data else None, seed=args.seed, **spec)
     else:
         draft = load(args.draft, args.dtype)
     if args.data:

@@ -17,6 +17,7 @@ checkpointed with orbax: a killed run resumes to the same parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -58,39 +59,105 @@ def read_data(path) -> list[tuple[list[int], list[int]]]:
 
 
 _SPEC_KEYS = {"hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "kv_heads": "num_kv_heads",
-              "intermediate": "intermediate_size"}
+              "intermediate": "intermediate_size", "target_layers": "target_layers", "vocab": "vocab"}
 
 
 def parse_spec(text: str) -> dict:
-    """``"hidden=256,layers=2"`` -> ``new_draft`` keyword arguments."""
+    """``"hidden=256,layers=2"`` -> keyword arguments of ``make_draft``."""
     out = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         if key.strip() not in _SPEC_KEYS or not value.strip().isdigit() or int(value) < 1:
             raise ValueError(f"--new-draft: {part!r} is not KEY=positive int with KEY in {sorted(_SPEC_KEYS)}")
         out[_SPEC_KEYS[key.strip()]] = int(value)
+    if "target_layers" in out and out.keys() - {"target_layers", "vocab"}:
+        raise ValueError("--new-draft: target_layers=K takes the target's first K layers at the target's sizes; "
+                         "it combines only with vocab=N")
     return out
+
+
+def make_draft(target: CausalLM, records=None, *, target_layers: int | None = None, vocab: int | None = None,
+               seed: int = 0, **sizes) -> CausalLM:
+    """The draft a ``--new-draft`` spec names: the target's first ``target_layers`` layers
+    (``draft_from_target``) or a new small Llama (``new_draft`` with ``sizes``); with ``vocab=N``, restricted to
+    the N ids most frequent in ``records`` (the training data) plus the target's EOS ids."""
+    vocab_ids = ()
+    if vocab:
+        if not records:
+            raise ValueError("--new-draft vocab=N chooses the ids from the training data: give --data")
+        eos = target.eos_token_id
+        vocab_ids = choose_vocab(records, vocab, always=() if eos is None else [eos] if isinstance(eos, int) else eos)
+    if target_layers:
+        return draft_from_target(target, range(target_layers), vocab_ids=vocab_ids)
+    return new_draft(target, seed=seed, vocab_ids=vocab_ids, **sizes)
 
 
 def new_draft(target: CausalLM, *, hidden_size: int = 256, num_layers: int = 4, num_heads: int = 4,
               num_kv_heads: int = 1, intermediate_size: int | None = None, seed: int = 0,
-              name: str = "draft") -> CausalLM:
+              vocab_ids=(), name: str = "draft") -> CausalLM:
     """A small tied-embedding Llama draft for ``target`` (same vocabulary, tokenizer and EOS), its embedding
     initialised as ``E_target @ V[:, :hidden_size] * s`` with ``V`` the right singular vectors of the target's
     centred embedding and ``s`` bringing it to the draft's ``init_std``."""
     cfg = llama.LlamaConfig(vocab_size=target.vocab_size, hidden_size=hidden_size,
                             intermediate_size=intermediate_size or 4 * hidden_size, num_layers=num_layers,
                             num_heads=num_heads, num_kv_heads=num_kv_heads, tie_embeddings=True,
-                            rope_theta=getattr(target.config, "rope_theta", 10000.0))
+                            rope_theta=getattr(target.config, "rope_theta", 10000.0), vocab_ids=tuple(vocab_ids))
     params = llama.init_params(cfg, seed)
     emb = target.params.get("embed", {}).get("embedding") if isinstance(target.params, dict) else None
     if emb is not None and emb.shape[1] >= hidden_size:
         e = np.asarray(emb, np.float32)
+        if cfg.vocab_ids:  # the kept rows, and the mean as the out-of-vocabulary input row
+            e = np.concatenate([e[np.asarray(cfg.vocab_ids)], e.mean(0, keepdims=True)])
         _, _, vt = np.linalg.svd(e - e.mean(0), full_matrices=False)
         proj = e @ vt[:hidden_size].T
         proj *= cfg.init_std / max(float(proj.std()), 1e-12)  # the target's directions at the draft's init scale
         params = {**params, "embed": {"embedding": jnp.asarray(proj, cfg.jnp_dtype)}}
     return llama.from_params(cfg, params, tokenizer=target.tokenizer, eos_token_id=target.eos_token_id, name=name)
+
+
+def choose_vocab(records, size: int, *, always=(), prompt_weight: float = 0.2) -> tuple[int, ...]:
+    """The ``size`` ids a reduced-vocabulary draft keeps: the most frequent in ``records`` (generated tokens count
+    1, prompt tokens ``prompt_weight``), ``always`` (e.g. the EOS ids) first; sorted."""
+    counts: dict[int, float] = {}
+    for prompt, output in records:
+        for t in output:
+            counts[t] = counts.get(t, 0.0) + 1.0
+        for t in prompt:
+            counts[t] = counts.get(t, 0.0) + prompt_weight
+    keep = list(dict.fromkeys(int(t) for t in always))
+    for t in sorted(counts, key=lambda t: (-counts[t], t)):
+        if len(keep) >= size:
+            break
+        if t not in keep:
+            keep.append(t)
+    return tuple(sorted(keep[:size]))
+
+
+def draft_from_target(target: CausalLM, layers, *, vocab_ids=(), name: str = "draft") -> CausalLM:
+    """A draft made of some of ``target``'s own layers (a Llama-family target): the chosen decoder layers in order,
+    the target's final norm, embedding and LM head, restricted to ``vocab_ids`` when given (its extra
+    out-of-vocabulary input row starts as the mean embedding). Distillation then fits it to the target."""
+    cfg = target.config
+    if not isinstance(cfg, llama.LlamaConfig):
+        raise ValueError(f"draft_from_target needs a Llama-family target, got {type(cfg).__name__}")
+    layers = [int(i) for i in layers]
+    if not layers or not all(0 <= i < cfg.num_layers for i in layers):
+        raise ValueError(f"layers must be a non-empty list of layer indices in [0, {cfg.num_layers}), got {layers}")
+    dcfg = dataclasses.replace(cfg, num_layers=len(layers), vocab_ids=tuple(vocab_ids))
+    params = jax.tree_util.tree_map(np.asarray, target.params)
+    emb = params["embed"]["embedding"]
+    head = None if cfg.tie_embeddings else params["lm_head"]["kernel"]
+    if dcfg.vocab_ids:
+        ids = np.asarray(dcfg.vocab_ids)
+        emb = np.concatenate([emb[ids], emb.mean(0, keepdims=True, dtype=np.float32).astype(emb.dtype)])
+        if head is not None:  # the out-of-vocabulary column's logit is always masked
+            head = np.concatenate([head[:, ids], np.zeros_like(head[:, :1])], axis=1)
+    new = {"embed": {"embedding": emb}, "final_norm": params["final_norm"],
+           "layers": jax.tree_util.tree_map(lambda a: a[np.asarray(layers)], params["layers"])}
+    if head is not None:
+        new["lm_head"] = {"kernel": head}
+    new = jax.tree_util.tree_map(jnp.asarray, new)
+    return llama.from_params(dcfg, new, tokenizer=target.tokenizer, eos_token_id=target.eos_token_id, name=name)
 
 
 def batch_at(records, step: int, *, seed: int, batch_size: int, prompt_weight: float, max_length: int = 512,
@@ -142,6 +209,11 @@ def train_step_fn(cfg: llama.LlamaConfig):
         h = jnp.take_along_axis(x, select[:, :, None], axis=1)  # [B, S, D]
         logits = jnp.einsum("bsd,dv->bsv", h, head, preferred_element_type=jnp.float32)
         labels = jnp.take_along_axis(tokens, jnp.minimum(select + 1, tokens.shape[1] - 1), axis=1)
+        if cfg.vocab_ids:  # a reduced vocabulary: labels as rows; ids outside it are not trained on
+            labels = llama.to_rows(cfg, labels)
+            weight = weight * (labels < len(cfg.vocab_ids))
+            labels = jnp.where(labels < len(cfg.vocab_ids), labels, 0)
+            logits = logits.at[..., -1].set(-jnp.inf)
         logp = jax.nn.log_softmax(logits, axis=-1)
         nll = -jnp.take_along_axis(logp, labels[:, :, None], axis=-1)[..., 0]
         return jnp.sum(nll * weight) / jnp.maximum(jnp.sum(weight), 1.0)

@@ -6,6 +6,7 @@ jaxspec -> HF directory -> jaxspec gives identical parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -97,8 +98,22 @@ def _hf_config(cfg: llama.LlamaConfig, eos) -> dict:
     return config
 
 
+def _full_vocab(cfg: llama.LlamaConfig, params) -> tuple[llama.LlamaConfig, dict]:
+    """A reduced-vocabulary model over the full vocabulary, as transformers can hold it: every id embeds as its row
+    (others as the out-of-vocabulary row) and an untied LM head is zero outside ``vocab_ids``, so those ids get
+    logit 0 instead of -inf (an approximation: such a draft may propose them where its best logit is negative)."""
+    rows = np.full(cfg.vocab_size, len(cfg.vocab_ids), np.int64)
+    rows[np.asarray(cfg.vocab_ids)] = np.arange(len(cfg.vocab_ids))
+    emb = np.asarray(params["embed"]["embedding"])
+    head = (emb if cfg.tie_embeddings else np.asarray(params["lm_head"]["kernel"]).T)[rows]
+    head[rows == len(cfg.vocab_ids)] = 0
+    params = {**params, "embed": {"embedding": emb[rows]}, "lm_head": {"kernel": head.T}}
+    return dataclasses.replace(cfg, vocab_ids=(), tie_embeddings=False), params
+
+
 def export_hf(model: CausalLM, directory: str | os.PathLike) -> Path:
-    """Write ``model`` (a built-in Llama-family model) as a Hugging Face directory that transformers loads."""
+    """Write ``model`` (a built-in Llama-family model) as a Hugging Face directory that transformers loads.
+    A reduced-vocabulary draft is written over the full vocabulary (see ``_full_vocab``)."""
     cfg = model.config
     if not isinstance(cfg, llama.LlamaConfig):
         raise ValueError(f"export_hf supports Llama-family models (config LlamaConfig), got {type(cfg).__name__}")
@@ -106,6 +121,9 @@ def export_hf(model: CausalLM, directory: str | os.PathLike) -> Path:
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(f"directory {directory} exists and is not empty; choose a new path")
     directory.mkdir(parents=True, exist_ok=True)
+    if cfg.vocab_ids:
+        cfg, params = _full_vocab(cfg, model.params)
+        model = model.replace(config=cfg, params=params)
     tensors = {}
     for spec in _llama_tensors(cfg):
         value = np.asarray(_get(model.params, spec.path))

@@ -109,13 +109,69 @@ def test_bad_data_is_a_clear_error(tmp_path, target):
                           out_dir=tmp_path / "o", steps=1)
 
 
-def test_cli_offline_distills_a_new_draft_and_saves_it(tmp_path, target, data, capsys):
+@pytest.mark.parametrize("spec", ["hidden=32,layers=1,heads=2,kv_heads=1", "target_layers=1,vocab=30"])
+def test_cli_offline_distills_a_new_draft_and_saves_it(tmp_path, target, data, capsys, spec):
     from jaxspec.distill import main
 
     jaxspec.save(target, tmp_path / "target")
-    main(["--target", str(tmp_path / "target"), "--new-draft", "hidden=32,layers=1,heads=2,kv_heads=1",
+    main(["--target", str(tmp_path / "target"), "--new-draft", spec,
           "--data", str(data), "--out", str(tmp_path / "run"), "--steps", "4", "--batch-size", "4",
           "--save-draft", str(tmp_path / "draft"), "--no-progress"])
     assert "final loss" in capsys.readouterr().out
     draft = jaxspec.load(tmp_path / "draft")
-    assert draft.config.hidden_size == 32 and draft.vocab_size == target.vocab_size
+    assert draft.vocab_size == target.vocab_size
+    if spec.startswith("hidden"):
+        assert draft.config.hidden_size == 32 and not draft.config.vocab_ids
+    else:
+        assert draft.config.num_layers == 1 and len(draft.config.vocab_ids) == 30
+
+
+def test_choose_vocab_keeps_the_most_frequent_ids_and_eos():
+    records = [([7, 7, 8], [3, 3, 3, 4]), ([8, 9], [3, 5])]
+    # generated: 3 x4, 4, 5; prompt (weight 0.2): 7 x2, 8 x2, 9
+    assert d.choose_vocab(records, 3, always=[1]) == (1, 3, 4)  # ties (4, 5) broken by id
+    assert d.choose_vocab(records, 5, always=[1]) == (1, 3, 4, 5, 7)
+    assert d.choose_vocab(records, 4, prompt_weight=0.0) == (3, 4, 5, 7)  # zero-weight tokens come last
+
+
+def test_draft_from_target_copies_its_layers_and_restricts_the_vocabulary(target):
+    ids = tuple(range(0, target.vocab_size, 3))
+    draft = d.draft_from_target(target, [0], vocab_ids=ids)
+    assert draft.config.num_layers == 1 and draft.config.embed_rows == len(ids) + 1
+    t_layers, d_layers = target.params["layers"], draft.params["layers"]
+    for a, b in zip(jax.tree.leaves(t_layers), jax.tree.leaves(d_layers)):
+        np.testing.assert_array_equal(np.asarray(a)[:1], np.asarray(b))
+    emb = np.asarray(target.params["embed"]["embedding"])
+    np.testing.assert_array_equal(np.asarray(draft.params["embed"]["embedding"])[:-1], emb[list(ids)])
+    # a one-layer target truncated to the same layer, full vocabulary: identical logits on the kept ids
+    full = d.draft_from_target(target, [0])
+    seq = np.asarray([[3, 9, 6, 30, 12]])  # all in ids (others embed as the out-of-vocabulary row)
+    lf, lr = np.asarray(full.logits(seq)), np.asarray(draft.logits(seq))
+    np.testing.assert_allclose(lr[..., list(ids)], lf[..., list(ids)], rtol=1e-5, atol=1e-5)
+    outside = np.setdiff1d(np.arange(target.vocab_size), ids)
+    assert np.isneginf(lr[..., outside]).all()
+    with pytest.raises(ValueError, match="layers"):
+        d.draft_from_target(target, [5])
+
+
+def test_reduced_vocabulary_draft_trains_and_speculates_exactly_greedy(tmp_path, target, data):
+    records = d.read_data(data)
+    draft = d.make_draft(target, records, **d.parse_spec("target_layers=1,vocab=40"))
+    assert len(draft.config.vocab_ids) == 40 and target.eos_token_id in draft.config.vocab_ids
+    covered = np.mean([t in draft.config.vocab_ids for _, o in records for t in o])
+    assert covered < 1.0  # some labels fall outside the vocabulary: they must be skipped, not break the loss
+    kw = dict(batch_size=8, learning_rate=3e-3, prompt_weight=0.1, checkpoint_every=100, progress=False)
+    trained, log = d.distill_offline(draft, records, out_dir=tmp_path / "r", steps=30, **kw)
+    assert np.isfinite([r["loss"] for r in log]).all() and log[-1]["loss"] < log[0]["loss"]
+    prompts = [p for p, _ in records[:6]]
+    plain = jaxspec.generate(target, prompts, max_new_tokens=16, temperature=0.0)
+    spec = jaxspec.generate(target, prompts, draft=trained, gamma=3, max_new_tokens=16, temperature=0.0)
+    assert spec.tokens == plain.tokens and spec.stats.acceptance_rate > 0.2
+    # saved and loaded (bf16 storage), the vocabulary ids survive exactly
+    jaxspec.save(trained, tmp_path / "saved", storage_dtype="bfloat16")
+    back = jaxspec.load(tmp_path / "saved")
+    assert back.config.vocab_ids == trained.config.vocab_ids
+    with pytest.raises(ValueError, match="target_layers"):
+        d.parse_spec("target_layers=2,hidden=64")
+    with pytest.raises(ValueError, match="--data"):
+        d.make_draft(target, None, vocab=10)

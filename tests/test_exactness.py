@@ -429,3 +429,45 @@ def test_negative_control_prompt_lookup_wrong_residual(target, target_logits):
     )
     assert 0.05 < result.stats.acceptance_rate < 0.95
     assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"
+
+
+# --------------------------------------------------------------------------------------------- reduced vocabulary
+# A reduced-vocabulary draft (LlamaConfig.vocab_ids) has q = 0 outside its ids: the target's tokens there can only
+# come from the residual. The output must still be the warped target's, and the same wrong rule must be caught.
+
+REDUCED_IDS = (0, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def reduced_draft():
+    return llama.init(dataclasses.replace(DRAFT_CONFIG, vocab_ids=REDUCED_IDS), seed=1, name="reduced")
+
+
+def test_reduced_draft_never_gives_mass_outside_its_ids(reduced_draft, target_logits):
+    ctx = context_logits(reduced_draft)
+    rows = all_context_rows(ctx)
+    assert np.isneginf(rows[:, [1, 4]]).all() and np.isfinite(rows[:, list(REDUCED_IDS)]).all()
+    # the target gives those ids real mass: rejections toward them must be produced by the residual
+    assert ref_warp(all_context_rows(target_logits), 1.0)[:, [1, 4]].sum(-1).mean() > 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting,gamma", [("temp1", 3), ("topk3", 1)])
+def test_reduced_vocabulary_draft_sampling_is_exact(target, reduced_draft, target_logits, setting, gamma):
+    temperature, top_k, top_p = SETTINGS[setting]
+    p_value, result, probs, counts = run_and_test(
+        target, reduced_draft, target_logits, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=7000 + gamma,
+    )
+    assert counts[probs == 0].sum() == 0
+    assert p_value > ALPHA, f"reduced-vocabulary draft output does not follow the warped target (p={p_value:.3g})"
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+
+
+@pytest.mark.slow
+def test_negative_control_reduced_vocabulary_wrong_residual_is_rejected(target, reduced_draft, target_logits):
+    p_value, result, _, _ = run_and_test(
+        target, reduced_draft, target_logits, gamma=3, temperature=1.0, top_k=None, top_p=None, seed=7100,
+        acceptance=ResampleFromTarget(),
+    )
+    assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"

@@ -85,3 +85,17 @@ def test_refuses_configs_without_a_model_type(tmp_path):
     gemma_qk = llama.LlamaConfig(**BASE, norm_offset=1.0, embed_scale=True, mlp_activation="gelu_tanh", qk_norm=True)
     with pytest.raises(ValueError, match="Gemma-style"):
         export_hf(_perturbed(gemma_qk, 0), tmp_path / "gemma_qk")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_reduced_vocabulary_exports_over_the_full_vocabulary(tied, tmp_path):
+    """transformers has no -inf logits: the export keeps the kept ids' logits and gives the others logit 0."""
+    ids = tuple(range(0, 64, 4))
+    model = _perturbed(llama.LlamaConfig(**BASE, tie_embeddings=tied, vocab_ids=ids), seed=3)
+    back = jaxspec.load(export_hf(model, tmp_path / "reduced"), dtype=model.config.dtype)
+    assert back.config.vocab_ids == () and back.vocab_size == 64 and not back.config.tie_embeddings
+    seq = np.asarray([[0, 8, 4, 60, 13, 7]])  # 13 and 7 are outside: both embed as the out-of-vocabulary row
+    want, got = np.asarray(model.logits(seq)), np.asarray(back.logits(seq))
+    np.testing.assert_allclose(got[..., list(ids)], want[..., list(ids)], rtol=1e-5, atol=1e-5)
+    outside = np.setdiff1d(np.arange(64), ids)
+    assert np.isneginf(want[..., outside]).all() and (got[..., outside] == 0).all()

@@ -18,6 +18,7 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.model import CausalLM
@@ -50,8 +51,17 @@ class LlamaConfig:
     norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w), computed in float32 (Gemma: 1.0)
     embed_scale: bool = False  # multiply embeddings by sqrt(hidden_size), in the activation dtype (Gemma)
     mlp_activation: str = "silu"  # gated-MLP activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    # A reduced-vocabulary model (a draft): the ids, in the full vocabulary of `vocab_size`, of its embedding rows.
+    # Its logits stay [..., vocab_size] with -inf outside these ids (a draft's q = 0 there, which the rejection
+    # sampler handles exactly); an input id outside them embeds as one extra learned row. () = the full vocabulary.
+    vocab_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False)
 
     def __post_init__(self):
+        if not isinstance(self.vocab_ids, tuple):
+            object.__setattr__(self, "vocab_ids", tuple(int(i) for i in self.vocab_ids))
+        if self.vocab_ids and (len(set(self.vocab_ids)) != len(self.vocab_ids)
+                               or not all(0 <= i < self.vocab_size for i in self.vocab_ids)):
+            raise ValueError(f"vocab_ids must be distinct ids in [0, vocab_size={self.vocab_size})")
         if isinstance(self.rope_params, dict):
             object.__setattr__(self, "rope_params", tuple(sorted(self.rope_params.items())))
         check_rope(self.rope_type, dict(self.rope_params))
@@ -75,6 +85,32 @@ class LlamaConfig:
     @property
     def jnp_dtype(self):
         return _DTYPES[self.dtype]
+
+    @property
+    def embed_rows(self) -> int:
+        """Rows of the embedding table: ``vocab_size``, or the reduced vocabulary plus its out-of-vocabulary row."""
+        return len(self.vocab_ids) + 1 if self.vocab_ids else self.vocab_size
+
+
+@functools.lru_cache(maxsize=8)
+def _row_of(cfg: LlamaConfig) -> np.ndarray:
+    """``[vocab_size]`` int32: the embedding row of every full-vocabulary id (the last row when not in vocab_ids)."""
+    rows = np.full(cfg.vocab_size, len(cfg.vocab_ids), np.int32)
+    rows[np.asarray(cfg.vocab_ids, np.int64)] = np.arange(len(cfg.vocab_ids), dtype=np.int32)
+    return rows
+
+
+def to_full_vocab(cfg: LlamaConfig, logits: jax.Array) -> jax.Array:
+    """Logits over a reduced model's rows ``[..., embed_rows]`` -> ``[..., vocab_size]``, -inf outside vocab_ids."""
+    if not cfg.vocab_ids:
+        return logits
+    logits = logits.at[..., -1].set(-jnp.inf)  # the out-of-vocabulary row is an input embedding only
+    return jnp.take(logits, jnp.asarray(_row_of(cfg)), axis=-1)
+
+
+def to_rows(cfg: LlamaConfig, tokens: jax.Array) -> jax.Array:
+    """Full-vocabulary ids -> embedding rows (identity without vocab_ids)."""
+    return jnp.take(jnp.asarray(_row_of(cfg)), tokens, axis=0) if cfg.vocab_ids else tokens
 
 
 class RMSNorm(nn.Module):
@@ -176,14 +212,14 @@ class Llama(nn.Module):
         ``[B, T, hidden_size]`` instead of logits (training computes the LM head at chosen positions only)."""
         cfg = self.cfg
         embed = nn.Embed(
-            cfg.vocab_size,
+            cfg.embed_rows,
             cfg.hidden_size,
             dtype=cfg.jnp_dtype,
             param_dtype=cfg.jnp_dtype,
             embedding_init=nn.initializers.normal(cfg.init_std),
             name="embed",
         )
-        x = embed(tokens)
+        x = embed(to_rows(cfg, tokens))
         if cfg.embed_scale:  # like transformers: sqrt(hidden) rounded to the activation dtype first
             x = x * jnp.asarray(cfg.hidden_size**0.5, cfg.jnp_dtype)
         layers = nn.scan(
@@ -203,8 +239,8 @@ class Llama(nn.Module):
         if cfg.tie_embeddings:
             logits = embed.attend(x)
         else:
-            logits = _dense(cfg.vocab_size, "lm_head", cfg)(x)
-        return logits.astype(jnp.float32), KVCache(k, v)
+            logits = _dense(cfg.embed_rows, "lm_head", cfg)(x)
+        return to_full_vocab(cfg, logits.astype(jnp.float32)), KVCache(k, v)
 
 
 # Logical axes of every weight (see jaxspec.sharding.RULES); layer weights also get a leading "layers" axis.
@@ -247,8 +283,9 @@ def model_fns(cfg: LlamaConfig):
 
 
 def hidden_and_head(cfg: LlamaConfig, params, tokens, positions, cache):
-    """``(hidden [B, T, D], head [D, V])``: the final hidden states and the LM head matrix (the transposed
-    embedding when tied), so a caller can compute logits at a subset of positions."""
+    """``(hidden [B, T, D], head [D, embed_rows])``: the final hidden states and the LM head matrix (the transposed
+    embedding when tied), so a caller can compute logits at a subset of positions (over the embedding rows: map
+    labels with ``to_rows``)."""
     x, _ = Llama(cfg).apply({"params": params}, tokens, positions, cache, True)
     head = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
     return x, head
