@@ -129,9 +129,12 @@ def test_cli_offline_distills_a_new_draft_and_saves_it(tmp_path, target, data, c
 def test_choose_vocab_keeps_the_most_frequent_ids_and_eos():
     records = [([7, 7, 8], [3, 3, 3, 4]), ([8, 9], [3, 5])]
     # generated: 3 x4, 4, 5; prompt (weight 0.2): 7 x2, 8 x2, 9
-    assert d.choose_vocab(records, 3, always=[1]) == (1, 3, 4)  # ties (4, 5) broken by id
-    assert d.choose_vocab(records, 5, always=[1]) == (1, 3, 4, 5, 7)
-    assert d.choose_vocab(records, 4, prompt_weight=0.0) == (3, 4, 5, 7)  # zero-weight tokens come last
+    assert d.choose_vocab(records, 3, vocab_size=20, always=[1]) == (1, 3, 4)  # ties (4, 5) broken by id
+    assert d.choose_vocab(records, 5, vocab_size=20, always=[1]) == (1, 3, 4, 5, 7)
+    assert d.choose_vocab(records, 4, vocab_size=20, prompt_weight=0.0) == (0, 3, 4, 5)  # unseen: lowest ids fill
+    assert d.choose_vocab(records, 9, vocab_size=20, always=[1]) == (0, 1, 2, 3, 4, 5, 7, 8, 9)
+    with pytest.raises(ValueError, match="vocab_size"):
+        d.choose_vocab(records, 21, vocab_size=20)
 
 
 def test_draft_from_target_copies_its_layers_and_restricts_the_vocabulary(target):
