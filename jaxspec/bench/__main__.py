@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SmolLM2-135M-Instruct + jaxspec/smollm2-draft on HumanEval (chat template): plain, fixed γ, "
                         "auto and prompt lookup, interleaved, per batch size and temperature")
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
+    p.add_argument("--humaneval-modes", type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
+                   default=["plain", "fixed", "auto", "lookup"],
+                   help="--humaneval: modes to interleave, from plain,fixed,auto,lookup (plain always runs)")
     p.add_argument("--prompts-out", metavar="JSONL", help="--humaneval: write the prompt ids (for transformers)")
     p.add_argument("--target", help="--humaneval: another target (default smollm2-135m-instruct)")
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64],
@@ -119,6 +122,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args = p.parse_args(argv)
     if args.gamma < 1:
         p.error("--gamma must be >= 1")
+    bad = set(args.humaneval_modes) - {"plain", "fixed", "auto", "lookup"}
+    if bad:
+        p.error(f"--humaneval-modes: unknown {sorted(bad)}; choose from plain,fixed,auto,lookup")
     if args.mesh is not None:
         args.mode = "mesh"
     return args

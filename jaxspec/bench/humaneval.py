@@ -63,6 +63,7 @@ def run(args) -> dict:
     jax.block_until_ready(target.params)
     load_s = time.perf_counter() - start
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
+    modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", MODES)]
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -86,14 +87,14 @@ def run(args) -> dict:
         for batch in args.batches:
             calls = [ids[i: i + batch] for i in range(0, len(ids), batch)]
             base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
-            totals = {m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0) for m in MODES}
+            totals = {m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0) for m in modes}
             choices: dict[str, int] = {}
             seen_buckets = set()
             for k, call in enumerate(calls):
                 bucket = (len(call), _gen.bucket_cache(max(map(len, call)) + args.max_new_tokens))
                 if bucket not in seen_buckets:  # warm-up: compiles (and auto's calibration) outside the timing
                     seen_buckets.add(bucket)
-                    for m in MODES:
+                    for m in modes:
                         t0 = time.perf_counter()
                         s = jaxspec.generate(target, call, seed=args.seed, **base,
                                              **_kwargs(m, draft, args.gamma, policy)).stats
@@ -102,7 +103,7 @@ def run(args) -> dict:
                                                          "first_call_s": time.perf_counter() - t0}
                             print(f"first {m} call: compiled in {s.compile_time_s:.1f} s, whole call "
                                   f"{time.perf_counter() - t0:.1f} s", flush=True)
-                for m in MODES:
+                for m in modes:
                     s = jaxspec.generate(target, call, seed=args.seed + k, **base,
                                          **_kwargs(m, draft, args.gamma, policy)).stats
                     t = totals[m]
@@ -120,7 +121,7 @@ def run(args) -> dict:
             plain = totals["plain"]
             plain_tps = plain["tokens"] / plain["seconds"]
             plain_step = plain["seconds"] / max(plain["row_steps"], 1)
-            for m in MODES:
+            for m in modes:
                 t = totals[m]
                 tps = t["tokens"] / t["seconds"]
                 alpha = t["accepted"] / t["drafted"] if t["drafted"] else None
