@@ -11,6 +11,10 @@ import os as _os
 # jaxspec uses transformers for tokenizers only: its "PyTorch was not found" advice is noise here.
 _os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+from jaxspec import multihost, policy, sharding
+from jaxspec.checkpoint import load, save  # noqa: E402
+from jaxspec.distill import distill
+from jaxspec.drafters import PromptLookup
 from jaxspec.generate import (  # noqa: E402
     GenerationResult,
     NonFiniteLogitsError,
@@ -21,13 +25,9 @@ from jaxspec.generate import (  # noqa: E402
     generate,
     stream,
 )
-from jaxspec.checkpoint import load, save  # noqa: E402
-from jaxspec.distill import distill
 from jaxspec.hf_export import export_hf
-from jaxspec.drafters import PromptLookup
 from jaxspec.model import CausalLM
 from jaxspec.models import llama
-from jaxspec import multihost, policy, sharding
 from jaxspec.sharding import shard
 
 __all__ = [

@@ -22,7 +22,7 @@ class KVCache:
     v: jax.Array
 
     @classmethod
-    def zeros(cls, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> "KVCache":
+    def zeros(cls, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> KVCache:
         shape = (num_layers, batch, length, kv_heads, head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 

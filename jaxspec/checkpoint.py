@@ -100,8 +100,9 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
     except json.JSONDecodeError as err:
         raise ValueError(f"{directory / META} is corrupted: {err}") from None
     if meta.get("family") not in FAMILIES:
-        raise ValueError(f"unknown model family {meta.get('family')!r} in {directory / META}; "
-                         f"supported: {sorted(FAMILIES)}")
+        raise ValueError(
+            f"unknown model family {meta.get('family')!r} in {directory / META}; supported: {sorted(FAMILIES)}"
+        )
     config_cls, build = FAMILIES[meta["family"]]
     fields = {k: _tuples(v) for k, v in meta["config"].items()}  # JSON turned tuples into lists
     config = config_cls(**{**fields, **({"dtype": dtype} if dtype else {})})
@@ -112,8 +113,9 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
         from jaxspec import sharding as sharding_rules
 
         axes = build(config, abstract).param_axes
-        sharding = sharding_rules.plan_params(abstract, axes, config, sharding_rules.make_mesh(mesh),
-                                              name=meta.get("name", "model")).shardings
+        sharding = sharding_rules.plan_params(
+            abstract, axes, config, sharding_rules.make_mesh(mesh), name=meta.get("name", "model")
+        ).shardings
     if sharding is not None:
         shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, abstract)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
@@ -130,8 +132,13 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
 
         tokenizer = AutoTokenizer.from_pretrained(directory / "tokenizer")
     eos = meta.get("eos_token_id")
-    return build(config, params, tokenizer=tokenizer, eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
-                 name=meta.get("name", "model"))
+    return build(
+        config,
+        params,
+        tokenizer=tokenizer,
+        eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+        name=meta.get("name", "model"),
+    )
 
 
 SHIPPED_PREFIX = "jaxspec/"
@@ -151,7 +158,7 @@ def shipped_models() -> list[str]:
 def resolve(path: str | Path) -> Path:
     """A directory, or a shipped model's name such as ``"jaxspec/code-target"``."""
     if isinstance(path, str) and path.startswith(SHIPPED_PREFIX) and not Path(path).exists():
-        found = shipped_dir() / path[len(SHIPPED_PREFIX):]
+        found = shipped_dir() / path[len(SHIPPED_PREFIX) :]
         if not is_orbax_model(found):
             raise FileNotFoundError(
                 f"no shipped model named {path!r} in {shipped_dir()}; available: {shipped_models() or 'none'} "
@@ -169,8 +176,9 @@ def _has_magic(path: Path, magic: bytes) -> bool:
         return f.read(len(magic)) == magic
 
 
-def load(path: str | Path, dtype: str | None = None, *, sharding: Any = None, mesh: Any = None,
-         **hf_kwargs) -> CausalLM:
+def load(
+    path: str | Path, dtype: str | None = None, *, sharding: Any = None, mesh: Any = None, **hf_kwargs
+) -> CausalLM:
     """Load a model: a named model (``"smollm2-135m-instruct"``, see ``jaxspec.named``), a shipped name
     (``"jaxspec/code-target"``, ``"jaxspec/code-draft"``), a jaxspec checkpoint directory (``save``), a GGUF file
     (``jaxspec.gguf_file.load``) or a Hugging Face directory (``jaxspec.hf.load``).

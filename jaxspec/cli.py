@@ -79,46 +79,76 @@ _positive = _number(int, lo=1, what="an int >= 1")
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
-    g.add_argument("--target", default=DEFAULT_TARGET,
-                   help=f"target model: a shipped name, a jaxspec or a Hugging Face directory "
-                        f"(default {DEFAULT_TARGET})")
-    g.add_argument("--draft", default=DEFAULT_DRAFT,
-                   help=f"draft model like --target; 'none' = plain decoding, 'prompt_lookup' = n-gram drafts from "
-                        f"the prompt (default {DEFAULT_DRAFT})")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="load both models in this dtype (default: a jaxspec checkpoint's own, float32 for HF)")
+    g.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help=f"target model: a shipped name, a jaxspec or a Hugging Face directory (default {DEFAULT_TARGET})",
+    )
+    g.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help=f"draft model like --target; 'none' = plain decoding, 'prompt_lookup' = n-gram drafts from "
+        f"the prompt (default {DEFAULT_DRAFT})",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="load both models in this dtype (default: a jaxspec checkpoint's own, float32 for HF)",
+    )
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
     g.add_argument("--gamma", type=_gamma, default=4, help="draft tokens per round, or 'auto' (default 4)")
     g.add_argument("--max-new-tokens", type=_positive, default=128, help="per prompt (default 128)")
-    g.add_argument("--temperature", type=_number(float, lo=0, what="a number >= 0"), default=0.0,
-                   help="0 = greedy (default, as in Spec-Bench)")
+    g.add_argument(
+        "--temperature",
+        type=_number(float, lo=0, what="a number >= 0"),
+        default=0.0,
+        help="0 = greedy (default, as in Spec-Bench)",
+    )
     g.add_argument("--top-k", type=_number(int, lo=0, what="an int >= 0"), default=None, help="0 or unset = off")
-    g.add_argument("--top-p", type=_number(float, lo=0, hi=1, lo_open=True, what="a number in (0, 1]"), default=None,
-                   help="unset or 1 = off")
-    g.add_argument("--seed", type=_number(int, lo=0, hi=2**32 - 1, what="an int in [0, 2**32)"), default=0,
-                   help="sampling seed; in batch mode each row's seed is derived from it and the row's id, so a "
-                        "row's sample does not depend on its batch or on resuming")
-    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                   help="wrap each prompt as a user turn with the chat template (default: when the target's "
-                        "tokenizer has one)")
-    g.add_argument("--compare", action="store_true",
-                   help="also run plain decoding (same settings) and report the measured speed-up")
+    g.add_argument(
+        "--top-p",
+        type=_number(float, lo=0, hi=1, lo_open=True, what="a number in (0, 1]"),
+        default=None,
+        help="unset or 1 = off",
+    )
+    g.add_argument(
+        "--seed",
+        type=_number(int, lo=0, hi=2**32 - 1, what="an int in [0, 2**32)"),
+        default=0,
+        help="sampling seed; in batch mode each row's seed is derived from it and the row's id, so a "
+        "row's sample does not depend on its batch or on resuming",
+    )
+    g.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap each prompt as a user turn with the chat template (default: when the target's tokenizer has one)",
+    )
+    g.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run plain decoding (same settings) and report the measured speed-up",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     import jaxspec
 
-    p = _Parser(prog="jaxspec", description="Exact speculative decoding for JAX/Flax language models.",
-                epilog="Run 'jaxspec COMMAND --help' for a command's options.")
+    p = _Parser(
+        prog="jaxspec",
+        description="Exact speculative decoding for JAX/Flax language models.",
+        epilog="Run 'jaxspec COMMAND --help' for a command's options.",
+    )
     p.add_argument("--version", action="version", version=f"jaxspec {jaxspec.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     g = sub.add_parser(
-        "generate", help="generate for one prompt (streamed) or a JSONL file of prompts (resumable batch job)",
+        "generate",
+        help="generate for one prompt (streamed) or a JSONL file of prompts (resumable batch job)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=GENERATE_HELP,
     )
@@ -127,9 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-i", "--input", metavar="JSONL", help="prompts, one JSON object a line (see above)")
     b.add_argument("-o", "--output", metavar="JSONL", help="records, appended; rerun to resume")
     b.add_argument("--batch-size", type=_positive, default=8, help="prompts per generate call (default 8)")
-    b.add_argument("--on-error", choices=["fail", "skip"], default="fail",
-                   help="malformed or duplicate input lines: fail (exit 2 before generating; default) or skip "
-                        "them with a warning")
+    b.add_argument(
+        "--on-error",
+        choices=["fail", "skip"],
+        default="fail",
+        help="malformed or duplicate input lines: fail (exit 2 before generating; default) or skip them with a warning",
+    )
     b.add_argument("--plot", metavar="PNG", help="plot acceptance by draft position per category (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_model_args(g)
@@ -139,26 +172,33 @@ def build_parser() -> argparse.ArgumentParser:
     for name, to in (("convert", None), ("export-hf", "hf")):
         c = sub.add_parser(
             name,
-            help="convert a model (HF directory, GGUF file, named model) to jaxspec or HF" if to is None else "the same as 'convert --to hf'",
+            help="convert a model (HF directory, GGUF file, named model) to jaxspec or HF"
+            if to is None
+            else "the same as 'convert --to hf'",
             description="Load SRC (a jaxspec directory, a Hugging Face directory or a shipped name) and write it "
-                        "to DST, which must not exist or be empty. --to jaxspec: an orbax checkpoint "
-                        "(jaxspec.save); --to hf: config.json + model.safetensors + tokenizer (jaxspec.export_hf, "
-                        "Llama family only).",
+            "to DST, which must not exist or be empty. --to jaxspec: an orbax checkpoint "
+            "(jaxspec.save); --to hf: config.json + model.safetensors + tokenizer (jaxspec.export_hf, "
+            "Llama family only).",
         )
         c.add_argument("src", metavar="SRC")
         c.add_argument("dst", metavar="DST")
-        c.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                       help="load (and so write) the weights in this dtype")
+        c.add_argument(
+            "--dtype", choices=["float32", "bfloat16", "float16"], help="load (and so write) the weights in this dtype"
+        )
         if to is None:
             c.add_argument("--to", choices=["jaxspec", "hf"], default="jaxspec", help="output format (default jaxspec)")
         else:
             c.set_defaults(to=to)
         c.set_defaults(handler=cmd_convert)
 
-    sub.add_parser("bench", add_help=False,
-                   help="the engine benchmark: 'jaxspec bench --help' (python -m jaxspec.bench)")
-    sub.add_parser("distill", add_help=False,
-                   help="distill a draft from a target: 'jaxspec distill --help' (python -m jaxspec.distill)")
+    sub.add_parser(
+        "bench", add_help=False, help="the engine benchmark: 'jaxspec bench --help' (python -m jaxspec.bench)"
+    )
+    sub.add_parser(
+        "distill",
+        add_help=False,
+        help="distill a draft from a target: 'jaxspec distill --help' (python -m jaxspec.distill)",
+    )
     return p
 
 
@@ -206,8 +246,9 @@ def _check_model_arg(value: str, flag: str) -> None:
     except FileNotFoundError as err:
         raise CliError(f"{flag}: {err}") from None
     if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
-        raise CliError(f"{flag}: {value!r} is not a model directory, a GGUF file, a named model or a shipped "
-                       "model name")
+        raise CliError(
+            f"{flag}: {value!r} is not a model directory, a GGUF file, a named model or a shipped model name"
+        )
 
 
 def _is_none(value: str) -> bool:
@@ -248,8 +289,13 @@ def _load_models(args):
 
 
 def _gen_kwargs(args, draft) -> dict:
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, chat=args.chat)
+    kw = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        chat=args.chat,
+    )
     if draft is not None:
         kw["gamma"] = args.gamma
     return kw
@@ -266,10 +312,14 @@ def _speedup_line(stats) -> str:
         g = pol["gamma"]
         v = pol["v"].get(g, pol["v"].get(str(g)))
         est = tau / (g * pol["c"] + v)
-        return (f"est. speed-up ≈ τ/(γc+v) = {tau:.2f}/({g}·{pol['c']:.3f}+{v:.2f}) = {est:.2f}× "
-                "(from gamma=auto's step timings; not measured: use --compare)")
-    return (f"est. speed-up ≤ τ = {tau:.2f} (the estimate τ/(γc+v) needs the draft cost c and verify cost v, not "
-            "measured here; --compare measures the speed-up)")
+        return (
+            f"est. speed-up ≈ τ/(γc+v) = {tau:.2f}/({g}·{pol['c']:.3f}+{v:.2f}) = {est:.2f}× "
+            "(from gamma=auto's step timings; not measured: use --compare)"
+        )
+    return (
+        f"est. speed-up ≤ τ = {tau:.2f} (the estimate τ/(γc+v) needs the draft cost c and verify cost v, not "
+        "measured here; --compare measures the speed-up)"
+    )
 
 
 def _one_prompt(args) -> int:
@@ -296,22 +346,27 @@ def _one_prompt(args) -> int:
     shown = "".join(shown)
     text = result.texts[0]
     if len(text) > len(shown) and text.startswith(shown):  # text held back as incomplete UTF-8 at the very end
-        sys.stdout.write(text[len(shown):])
+        sys.stdout.write(text[len(shown) :])
     if sys.stdout.isatty():
         sys.stdout.write("\n")
     sys.stdout.flush()
     stats = result.stats
     err = sys.stderr
-    print(f"{stats.summary()} (streamed: includes a host sync per round), finish: {result.finish_reasons[0]}",
-          file=err)
+    print(f"{stats.summary()} (streamed: includes a host sync per round), finish: {result.finish_reasons[0]}", file=err)
     if stats.acceptance_rate is not None:
-        print(f"α = {stats.acceptance_rate:.3f}, τ = {stats.tokens_per_round:.2f} tokens per target pass, "
-              f"{stats.target_passes} target passes, {stats.tokens_per_s:.1f} tokens/s", file=err)
+        print(
+            f"α = {stats.acceptance_rate:.3f}, τ = {stats.tokens_per_round:.2f} tokens per target pass, "
+            f"{stats.target_passes} target passes, {stats.tokens_per_s:.1f} tokens/s",
+            file=err,
+        )
     if args.compare:
         spec = jaxspec.generate(target, [prompt], draft=draft, seed=args.seed, **kw).stats
         plain = jaxspec.generate(target, [prompt], draft=None, seed=args.seed, **_gen_kwargs(args, None)).stats
-        print(f"measured speed-up: {spec.tokens_per_s / plain.tokens_per_s:.2f}× (speculative {spec.tokens_per_s:.1f} "
-              f"tok/s vs plain {plain.tokens_per_s:.1f} tok/s; non-streamed runs, compilation excluded)", file=err)
+        print(
+            f"measured speed-up: {spec.tokens_per_s / plain.tokens_per_s:.2f}× (speculative {spec.tokens_per_s:.1f} "
+            f"tok/s vs plain {plain.tokens_per_s:.1f} tok/s; non-streamed runs, compilation excluded)",
+            file=err,
+        )
     else:
         print(_speedup_line(stats), file=err)
     err.flush()
@@ -418,10 +473,12 @@ def read_output(path: Path) -> Existing:
         try:
             record = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            raise CliError(f"--output: {path} line {number} is not a JSON record (not written by jaxspec "
-                           "generate?); fix or remove it, or choose another --output") from None
+            raise CliError(
+                f"--output: {path} line {number} is not a JSON record (not written by jaxspec "
+                "generate?); fix or remove it, or choose another --output"
+            ) from None
         if not isinstance(record, dict) or not _valid_id(record.get("id")):
-            raise CliError(f"--output: {path} line {number} has no valid \"id\"; fix or remove it")
+            raise CliError(f'--output: {path} line {number} has no valid "id"; fix or remove it')
         records.setdefault(_key(record["id"]), record)
     return Existing(records, end, len(data) - end)
 
@@ -452,14 +509,16 @@ class Appender:
             end = f.read().rfind(b"\n") + 1
         os.ftruncate(self.fd, end)
         os.fsync(self.fd)
-        _warn(f"{self.path} ended with a partial line ({size - end} bytes, from an interrupted run); removed it, "
-              "its prompt is generated again")
+        _warn(
+            f"{self.path} ended with a partial line ({size - end} bytes, from an interrupted run); removed it, "
+            "its prompt is generated again"
+        )
 
     def write(self, record: dict) -> None:
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
         view = memoryview(data)
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view) :]
         os.fsync(self.fd)
 
     def close(self) -> None:
@@ -519,17 +578,35 @@ def _record(row: Row, result, i: int, wall: float, plain=None) -> dict:
     lengths = accept_lengths(rs.accept_hist)
     text = result.texts[i]
     rec = {
-        "id": row.id, "category": row.category, "prompt": row.prompt, "text": text, "token_ids": result.tokens[i],
-        "finish_reason": result.finish_reasons[i], "new_tokens": rs.generated_tokens, "wall_time": wall,
-        "accept_lengths": lengths, "alpha": rs.acceptance_rate, "rounds": rs.rounds, "drafted": rs.drafted,
-        "accepted": rs.accepted, "accept_hist": list(rs.accept_hist), "gamma": stats.gamma,
+        "id": row.id,
+        "category": row.category,
+        "prompt": row.prompt,
+        "text": text,
+        "token_ids": result.tokens[i],
+        "finish_reason": result.finish_reasons[i],
+        "new_tokens": rs.generated_tokens,
+        "wall_time": wall,
+        "accept_lengths": lengths,
+        "alpha": rs.acceptance_rate,
+        "rounds": rs.rounds,
+        "drafted": rs.drafted,
+        "accepted": rs.accepted,
+        "accept_hist": list(rs.accept_hist),
+        "gamma": stats.gamma,
     }
     if plain is not None:
         rec["plain_wall_time"], rec["plain_new_tokens"] = plain
     if row.question:
         rec["question_id"] = row.id
-    rec["choices"] = [{"index": 0, "turns": [text], "new_tokens": [rs.generated_tokens], "wall_time": [wall],
-                       "accept_lengths": lengths}]
+    rec["choices"] = [
+        {
+            "index": 0,
+            "turns": [text],
+            "new_tokens": [rs.generated_tokens],
+            "wall_time": [wall],
+            "accept_lengths": lengths,
+        }
+    ]
     return rec
 
 
@@ -550,8 +627,11 @@ def _batch(args) -> int:
         _warn(f"{out} has {stray} records whose ids are not in {inp} (kept, left out of the summary)")
     done = {r.key: existing.records[r.key] for r in rows if r.key in existing.records}
     if done:
-        print(f"jaxspec: resuming: {len(done)} of {len(rows)} ids already in {out}, {len(pending)} to generate",
-              file=sys.stderr, flush=True)
+        print(
+            f"jaxspec: resuming: {len(done)} of {len(rows)} ids already in {out}, {len(pending)} to generate",
+            file=sys.stderr,
+            flush=True,
+        )
     if pending:
         _check_models(args)
         appender = Appender(out)
@@ -575,16 +655,18 @@ def _batch(args) -> int:
 
 
 def _run_batches(args, pending: list[Row], target, draft, appender: Appender, done: dict) -> None:
-    import jaxspec
     from tqdm import tqdm
+
+    import jaxspec
 
     kw = _gen_kwargs(args, draft)
     tokens = wall = accepted = drafted = 0
-    bar = tqdm(total=len(pending), unit="row", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True,
-               desc="generate")
+    bar = tqdm(
+        total=len(pending), unit="row", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True, desc="generate"
+    )
     try:
         for start in range(0, len(pending), args.batch_size):
-            batch = pending[start:start + args.batch_size]
+            batch = pending[start : start + args.batch_size]
             prompts = [r.prompt for r in batch]
             seeds = [row_seed(args.seed, r.id) for r in batch]
             try:
@@ -641,17 +723,20 @@ def summary_table(records: list[dict]) -> str:
             pt = sum(r["plain_new_tokens"] for r in recs)
             if wall > 0 and pw > 0 and pt > 0:
                 speed = f"{(tokens / wall) / (pt / pw):.2f}×"
-        lines.append((
-            name, str(len(recs)), str(tokens),
-            f"{accepted / drafted:.3f}" if drafted else "-",
-            f"{tokens / rounds:.2f}" if rounds and drafted else "-",
-            f"{tokens / wall:.1f}" if wall > 0 else "-",
-            speed,
-        ))
+        lines.append(
+            (
+                name,
+                str(len(recs)),
+                str(tokens),
+                f"{accepted / drafted:.3f}" if drafted else "-",
+                f"{tokens / rounds:.2f}" if rounds and drafted else "-",
+                f"{tokens / wall:.1f}" if wall > 0 else "-",
+                speed,
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-        for line in lines
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) for line in lines
     )
 
 
@@ -665,7 +750,7 @@ def position_acceptance(records: list[dict]) -> list[float | None]:
                 reached.append(0)
                 passed.append(0)
             reached[i] += sum(hist[i:])
-            passed[i] += sum(hist[i + 1:])
+            passed[i] += sum(hist[i + 1 :])
     return [p / r if r else None for p, r in zip(passed, reached)]
 
 
@@ -713,9 +798,8 @@ def cmd_generate(args) -> int:
 
 def cmd_convert(args) -> int:
     import jaxspec
-    from jaxspec.checkpoint import resolve
-
     from jaxspec import named
+    from jaxspec.checkpoint import resolve
 
     if named.is_model(args.src) and not Path(args.src).exists():
         src = args.src  # a named model (GGUF), resolved by jaxspec.load

@@ -83,8 +83,15 @@ def train_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 4096) -> Path:
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": None,
-             "unk_token": None, "pad_token": EOS, "model_max_length": 1 << 20, "clean_up_tokenization_spaces": False},
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": EOS,
+                "bos_token": None,
+                "unk_token": None,
+                "pad_token": EOS,
+                "model_max_length": 1 << 20,
+                "clean_up_tokenization_spaces": False,
+            },
             indent=2,
         )
     )

@@ -132,8 +132,10 @@ def learning_rate_at(count, learning_rate, warmup, steps):
 def optimizer(learning_rate, warmup, steps) -> optax.GradientTransformation:
     """AdamW (no weight decay) on the schedule above, after clipping the global gradient norm to 1. The state's
     structure does not depend on the arguments, so they are traced in the train step: never recompiled."""
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-        lambda count: learning_rate_at(count, learning_rate, warmup, steps), weight_decay=0.0))
+    return optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(lambda count: learning_rate_at(count, learning_rate, warmup, steps), weight_decay=0.0),
+    )
 
 
 def _logits(apply_fn, init_cache, params, tokens):
@@ -141,7 +143,7 @@ def _logits(apply_fn, init_cache, params, tokens):
     return apply_fn(params, tokens, positions, init_cache(*tokens.shape))[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def train_step_fn(target: tuple, draft: tuple, kind: str):
     """Jitted ``(params, opt_state, target_params, tokens, mask, temperature, schedule) -> (params, opt_state,
     loss)`` with ``target``/``draft`` = ``(apply_fn, init_cache)`` and ``schedule`` = ``[learning_rate, warmup,
@@ -164,9 +166,19 @@ def train_step_fn(target: tuple, draft: tuple, kind: str):
 # --------------------------------------------------------------------------------------------- data
 
 
-def _batch_at(target: CausalLM, draft: CausalLM, prompts: list[list[int]], step: int, *, seed: int,
-              batch_size: int, on_policy: float, max_new_tokens: int, temperature: float,
-              prompt_weight: float = 0.0):
+def _batch_at(
+    target: CausalLM,
+    draft: CausalLM,
+    prompts: list[list[int]],
+    step: int,
+    *,
+    seed: int,
+    batch_size: int,
+    on_policy: float,
+    max_new_tokens: int,
+    temperature: float,
+    prompt_weight: float = 0.0,
+):
     """``(tokens [B, T] int32, mask [B, T] float32)`` for ``step``: a pure function of (seed, step) and the
     models. Rows ``< round(on_policy * B)`` are continued by ``draft``, the rest by ``target``; ``mask`` is 1 at
     the positions whose next token was generated and ``prompt_weight`` at the positions inside the prompt that
@@ -192,13 +204,15 @@ def _batch_at(target: CausalLM, draft: CausalLM, prompts: list[list[int]], step:
     return tokens, mask
 
 
-def measure_alpha(target: CausalLM, draft: CausalLM, prompts, *, gamma: int = 4, max_new_tokens: int = 64,
-                  seed: int = 0) -> dict:
+def measure_alpha(
+    target: CausalLM, draft: CausalLM, prompts, *, gamma: int = 4, max_new_tokens: int = 64, seed: int = 0
+) -> dict:
     """Acceptance rate α of ``draft`` for ``target`` on ``prompts``: greedy (temperature 0) and at temperature 1."""
     out = {}
     for name, temp in (("greedy", 0.0), ("t1", 1.0)):
-        rate = generate(target, prompts, draft=draft, gamma=gamma, temperature=temp, max_new_tokens=max_new_tokens,
-                        seed=seed).stats.acceptance_rate
+        rate = generate(
+            target, prompts, draft=draft, gamma=gamma, temperature=temp, max_new_tokens=max_new_tokens, seed=seed
+        ).stats.acceptance_rate
         out[name] = float("nan") if rate is None else float(rate)
     return out
 
@@ -206,29 +220,54 @@ def measure_alpha(target: CausalLM, draft: CausalLM, prompts, *, gamma: int = 4,
 # --------------------------------------------------------------------------------------------- distill
 
 
-def _check(target, draft, *, steps, batch_size, max_new_tokens, learning_rate, warmup, seed, loss, temperature,
-           on_policy, gamma, checkpoint_every, log_every, prompt_weight=0.0):
+def _check(
+    target,
+    draft,
+    *,
+    steps,
+    batch_size,
+    max_new_tokens,
+    learning_rate,
+    warmup,
+    seed,
+    loss,
+    temperature,
+    on_policy,
+    gamma,
+    checkpoint_every,
+    log_every,
+    prompt_weight=0.0,
+):
     if not isinstance(target, CausalLM):
         raise TypeError(f"target must be a jaxspec.CausalLM, got {type(target).__name__}")
     if not isinstance(draft, CausalLM):
         raise TypeError(f"draft must be a jaxspec.CausalLM, got {type(draft).__name__}")
     if draft.vocab_size != target.vocab_size:
-        raise ValueError(f"draft vocab_size ({draft.vocab_size}) != target vocab_size ({target.vocab_size}); "
-                         "draft and target must share one vocabulary")
+        raise ValueError(
+            f"draft vocab_size ({draft.vocab_size}) != target vocab_size ({target.vocab_size}); "
+            "draft and target must share one vocabulary"
+        )
     if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {list(LOSSES)} (forward KL, reverse KL, total variation), "
-                         f"got {loss!r}")
+        raise ValueError(f"loss must be one of {list(LOSSES)} (forward KL, reverse KL, total variation), got {loss!r}")
     if not _is_real(on_policy) or not 0 <= on_policy <= 1:
         raise ValueError(f"on_policy must be a number in [0, 1], got {on_policy!r}")
     if not _is_real(prompt_weight) or not np.isfinite(prompt_weight) or prompt_weight < 0:
         raise ValueError(f"prompt_weight must be a finite number >= 0, got {prompt_weight!r}")
-    for name, value in (("steps", steps), ("batch_size", batch_size), ("max_new_tokens", max_new_tokens),
-                        ("gamma", gamma), ("checkpoint_every", checkpoint_every), ("log_every", log_every)):
+    for name, value in (
+        ("steps", steps),
+        ("batch_size", batch_size),
+        ("max_new_tokens", max_new_tokens),
+        ("gamma", gamma),
+        ("checkpoint_every", checkpoint_every),
+        ("log_every", log_every),
+    ):
         if not _is_int(value) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if not _is_real(temperature) or not np.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0 for distillation (the loss compares "
-                         f"temperature-warped distributions; 0 would be greedy, which has none), got {temperature!r}")
+        raise ValueError(
+            f"temperature must be a finite number > 0 for distillation (the loss compares "
+            f"temperature-warped distributions; 0 would be greedy, which has none), got {temperature!r}"
+        )
     if not _is_real(learning_rate) or not np.isfinite(learning_rate) or learning_rate <= 0:
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
     if warmup is not None and (not _is_int(warmup) or not 0 <= warmup <= steps):
@@ -237,11 +276,28 @@ def _check(target, draft, *, steps, batch_size, max_new_tokens, learning_rate, w
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
 
 
-def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int = 200, batch_size: int = 8,
-            max_new_tokens: int = 64, learning_rate: float = 1e-3, warmup: int | None = None, seed: int = 0,
-            loss: str = "fkl", temperature: float = 1.0, on_policy: float = 0.0, heldout=None, gamma: int = 4,
-            checkpoint_every: int = 50, log_every: int = 10, prompt_weight: float = 0.0,
-            progress: bool = True) -> DistillResult:
+def distill(
+    target: CausalLM,
+    draft: CausalLM,
+    prompts,
+    *,
+    out_dir,
+    steps: int = 200,
+    batch_size: int = 8,
+    max_new_tokens: int = 64,
+    learning_rate: float = 1e-3,
+    warmup: int | None = None,
+    seed: int = 0,
+    loss: str = "fkl",
+    temperature: float = 1.0,
+    on_policy: float = 0.0,
+    heldout=None,
+    gamma: int = 4,
+    checkpoint_every: int = 50,
+    log_every: int = 10,
+    prompt_weight: float = 0.0,
+    progress: bool = True,
+) -> DistillResult:
     """Distill ``target`` into ``draft`` (see the module docstring); resumes from the latest checkpoint in ``out_dir``.
 
     Args:
@@ -257,15 +313,30 @@ def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int =
         weight of 1 multiplies the signal per step when the prompts are long.
     Raises ``ValueError`` (or ``FileNotFoundError`` for a missing prompts file) before anything compiles.
     """
-    _check(target, draft, steps=steps, batch_size=batch_size, max_new_tokens=max_new_tokens,
-           learning_rate=learning_rate, warmup=warmup, seed=seed, loss=loss, temperature=temperature,
-           on_policy=on_policy, gamma=gamma, checkpoint_every=checkpoint_every, log_every=log_every,
-           prompt_weight=prompt_weight)
+    _check(
+        target,
+        draft,
+        steps=steps,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        learning_rate=learning_rate,
+        warmup=warmup,
+        seed=seed,
+        loss=loss,
+        temperature=temperature,
+        on_policy=on_policy,
+        gamma=gamma,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        prompt_weight=prompt_weight,
+    )
     rows = _prompt_ids(target, prompts, "prompts")
     if heldout is None:
         if len(rows) < 2:
-            raise ValueError("prompts must hold at least 2 prompts when heldout=None (the last 10% are held "
-                             "out for the α report); pass heldout=... explicitly")
+            raise ValueError(
+                "prompts must hold at least 2 prompts when heldout=None (the last 10% are held "
+                "out for the α report); pass heldout=... explicitly"
+            )
         n_held = max(1, len(rows) // 10)
         rows, held = rows[:-n_held], rows[-n_held:]
     else:
@@ -275,8 +346,12 @@ def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int =
     out_dir = Path(out_dir).resolve()
     step_fn = train_step_fn((target.apply_fn, target.init_cache), (draft.apply_fn, draft.init_cache), loss)
     schedule = jnp.asarray([learning_rate, warmup, steps], jnp.float32)
-    state = {"params": draft.params, "opt_state": optimizer(*schedule).init(draft.params), "step": jnp.int32(0),
-             "loss": jnp.float32(jnp.nan)}
+    state = {
+        "params": draft.params,
+        "opt_state": optimizer(*schedule).init(draft.params),
+        "step": jnp.int32(0),
+        "loss": jnp.float32(jnp.nan),
+    }
     manager = ocp.CheckpointManager(out_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
     bar = tqdm(total=steps, disable=not progress, desc=f"distill ({loss})")
     try:
@@ -285,9 +360,10 @@ def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int =
             try:
                 state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
             except Exception as err:  # orbax raises many kinds; all mean the same to a user
-                raise ValueError(f"out_dir {out_dir} holds a checkpoint (step {manager.latest_step()}) that does not "
-                                 f"match this draft; use a new out_dir ({type(err).__name__}: {str(err)[:200]})"
-                                 ) from err
+                raise ValueError(
+                    f"out_dir {out_dir} holds a checkpoint (step {manager.latest_step()}) that does not "
+                    f"match this draft; use a new out_dir ({type(err).__name__}: {str(err)[:200]})"
+                ) from err
             start = int(state["step"])
             bar.update(min(start, steps))
         alpha_before = measure_alpha(target, draft, held, gamma=gamma, max_new_tokens=max_new_tokens, seed=seed)
@@ -295,15 +371,28 @@ def distill(target: CausalLM, draft: CausalLM, prompts, *, out_dir, steps: int =
         log, tokens_seen, t0 = [], 0, time.perf_counter()
         temp = jnp.float32(temperature)
         for step in range(start, steps):
-            tokens, mask = _batch_at(target, draft.replace(params=params), rows, step, seed=seed,
-                                     batch_size=batch_size, on_policy=on_policy, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, prompt_weight=prompt_weight)
+            tokens, mask = _batch_at(
+                target,
+                draft.replace(params=params),
+                rows,
+                step,
+                seed=seed,
+                batch_size=batch_size,
+                on_policy=on_policy,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                prompt_weight=prompt_weight,
+            )
             params, opt_state, last = step_fn(params, opt_state, target.params, tokens, mask, temp, schedule)
             tokens_seen += int((mask > 0).sum())
             done = step + 1
             if done % checkpoint_every == 0 or done == steps:
-                manager.save(done, args=ocp.args.StandardSave(
-                    {"params": params, "opt_state": opt_state, "step": jnp.int32(done), "loss": last}))
+                manager.save(
+                    done,
+                    args=ocp.args.StandardSave(
+                        {"params": params, "opt_state": opt_state, "step": jnp.int32(done), "loss": last}
+                    ),
+                )
             tok_s = tokens_seen / (time.perf_counter() - t0)
             bar.update(1)
             bar.set_postfix(loss=f"{float(last):.4f}", tok_s=f"{tok_s:.0f}")
@@ -328,15 +417,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m jaxspec.distill", description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="target model: a directory or a shipped name")
     ap.add_argument("--draft", help="draft model to distill: a directory or a shipped name")
-    ap.add_argument("--new-draft", metavar="SPEC",
-                    help="instead of --draft: a new Llama draft for the target, e.g. hidden=256,layers=2,heads=4,"
-                         "kv_heads=1,intermediate=768 (embedding initialised from the target's), or target_layers=2 "
-                         "(the target's first 2 layers, embedding and norm); add vocab=N for a reduced vocabulary "
-                         "of the N ids most frequent in --data (see distill_offline)")
+    ap.add_argument(
+        "--new-draft",
+        metavar="SPEC",
+        help="instead of --draft: a new Llama draft for the target, e.g. hidden=256,layers=2,heads=4,"
+        "kv_heads=1,intermediate=768 (embedding initialised from the target's), or target_layers=2 "
+        "(the target's first 2 layers, embedding and norm); add vocab=N for a reduced vocabulary "
+        "of the N ids most frequent in --data (see distill_offline)",
+    )
     ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
-    ap.add_argument("--data", metavar="JSONL",
-                    help="offline mode: train on the target's stored outputs ({\"prompt_ids\", \"output_ids\"} "
-                         "per line, from scripts/generate_distill_data.py) by cross-entropy instead of generating")
+    ap.add_argument(
+        "--data",
+        metavar="JSONL",
+        help='offline mode: train on the target\'s stored outputs ({"prompt_ids", "output_ids"} '
+        "per line, from scripts/generate_distill_data.py) by cross-entropy instead of generating",
+    )
     ap.add_argument("--out", required=True, help="checkpoint directory (a killed run resumes from it)")
     ap.add_argument("--heldout", help="JSONL file of held-out prompts (default: the last 10%% of --prompts)")
     ap.add_argument("--steps", type=int, default=200)
@@ -348,8 +443,12 @@ def main(argv=None):
     ap.add_argument("--loss", choices=LOSSES, default="fkl")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--on-policy", type=float, default=0.0)
-    ap.add_argument("--prompt-weight", type=float, default=0.0,
-                    help="loss weight of the prompt's own positions (default 0: generated positions only)")
+    ap.add_argument(
+        "--prompt-weight",
+        type=float,
+        default=0.0,
+        help="loss weight of the prompt's own positions (default 0: generated positions only)",
+    )
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
@@ -375,12 +474,26 @@ def main(argv=None):
         draft = load(args.draft, args.dtype)
     if args.data:
         return _main_offline(args, target, draft, save)
-    result = distill(target, draft, args.prompts, out_dir=args.out, heldout=args.heldout, steps=args.steps,
-                     batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                     learning_rate=args.learning_rate, warmup=args.warmup, seed=args.seed, loss=args.loss,
-                     temperature=args.temperature, on_policy=args.on_policy, gamma=args.gamma,
-                     checkpoint_every=args.checkpoint_every, prompt_weight=args.prompt_weight,
-                     progress=not args.no_progress)
+    result = distill(
+        target,
+        draft,
+        args.prompts,
+        out_dir=args.out,
+        heldout=args.heldout,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        learning_rate=args.learning_rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        loss=args.loss,
+        temperature=args.temperature,
+        on_policy=args.on_policy,
+        gamma=args.gamma,
+        checkpoint_every=args.checkpoint_every,
+        prompt_weight=args.prompt_weight,
+        progress=not args.no_progress,
+    )
     for key in ("greedy", "t1"):
         print(f"alpha {key}: {result.alpha_before[key]:.3f} -> {result.alpha_after[key]:.3f}")
     print(f"steps {result.steps}, final loss {result.loss:.4f}")
@@ -392,16 +505,26 @@ def main(argv=None):
 def _main_offline(args, target, draft, save):
     from jaxspec.distill_offline import distill_offline
 
-    trained, log = distill_offline(draft, args.data, out_dir=args.out, steps=args.steps, batch_size=args.batch_size,
-                                   learning_rate=args.learning_rate, warmup=args.warmup, seed=args.seed,
-                                   prompt_weight=args.prompt_weight, checkpoint_every=args.checkpoint_every,
-                                   progress=not args.no_progress)
+    trained, log = distill_offline(
+        draft,
+        args.data,
+        out_dir=args.out,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        prompt_weight=args.prompt_weight,
+        checkpoint_every=args.checkpoint_every,
+        progress=not args.no_progress,
+    )
     if log:
         print(f"steps {log[-1]['step']}, final loss {log[-1]['loss']:.4f}")
     if args.heldout:
         held = read_prompts(args.heldout)
-        alpha = measure_alpha(target, trained, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                              seed=args.seed)
+        alpha = measure_alpha(
+            target, trained, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed
+        )
         print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
     if args.save_draft:
         trained = trained.replace(name=Path(args.save_draft).name)

@@ -51,8 +51,9 @@ def read_data(path) -> list[tuple[list[int], list[int]]]:
             rec = json.loads(line)
             prompt, output = rec["prompt_ids"], rec["output_ids"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f'{path}: line {lineno} is not a {{"prompt_ids": [...], "output_ids": [...]}} '
-                             "record") from None
+            raise ValueError(
+                f'{path}: line {lineno} is not a {{"prompt_ids": [...], "output_ids": [...]}} record'
+            ) from None
         if not prompt or not all(isinstance(t, int) for t in prompt + output):
             raise ValueError(f"{path}: line {lineno}: prompt_ids must be a non-empty list of ints, output_ids ints")
         out.append((prompt, output))
@@ -61,8 +62,15 @@ def read_data(path) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-_SPEC_KEYS = {"hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "kv_heads": "num_kv_heads",
-              "intermediate": "intermediate_size", "target_layers": "target_layers", "vocab": "vocab"}
+_SPEC_KEYS = {
+    "hidden": "hidden_size",
+    "layers": "num_layers",
+    "heads": "num_heads",
+    "kv_heads": "num_kv_heads",
+    "intermediate": "intermediate_size",
+    "target_layers": "target_layers",
+    "vocab": "vocab",
+}
 
 
 def parse_spec(text: str) -> dict:
@@ -74,13 +82,22 @@ def parse_spec(text: str) -> dict:
             raise ValueError(f"--new-draft: {part!r} is not KEY=positive int with KEY in {sorted(_SPEC_KEYS)}")
         out[_SPEC_KEYS[key.strip()]] = int(value)
     if "target_layers" in out and out.keys() - {"target_layers", "vocab"}:
-        raise ValueError("--new-draft: target_layers=K takes the target's first K layers at the target's sizes; "
-                         "it combines only with vocab=N")
+        raise ValueError(
+            "--new-draft: target_layers=K takes the target's first K layers at the target's sizes; "
+            "it combines only with vocab=N"
+        )
     return out
 
 
-def make_draft(target: CausalLM, records=None, *, target_layers: int | None = None, vocab: int | None = None,
-               seed: int = 0, **sizes) -> CausalLM:
+def make_draft(
+    target: CausalLM,
+    records=None,
+    *,
+    target_layers: int | None = None,
+    vocab: int | None = None,
+    seed: int = 0,
+    **sizes,
+) -> CausalLM:
     """The draft a ``--new-draft`` spec names: the target's first ``target_layers`` layers
     (``draft_from_target``) or a new small Llama (``new_draft`` with ``sizes``); with ``vocab=N``, restricted to
     the N ids most frequent in ``records`` (the training data) plus the target's EOS ids."""
@@ -89,22 +106,43 @@ def make_draft(target: CausalLM, records=None, *, target_layers: int | None = No
         if not records:
             raise ValueError("--new-draft vocab=N chooses the ids from the training data: give --data")
         eos = target.eos_token_id
-        vocab_ids = choose_vocab(records, vocab, vocab_size=target.vocab_size, always=() if eos is None else [eos] if isinstance(eos, int) else eos)
+        vocab_ids = choose_vocab(
+            records,
+            vocab,
+            vocab_size=target.vocab_size,
+            always=() if eos is None else [eos] if isinstance(eos, int) else eos,
+        )
     if target_layers:
         return draft_from_target(target, range(target_layers), vocab_ids=vocab_ids)
     return new_draft(target, seed=seed, vocab_ids=vocab_ids, **sizes)
 
 
-def new_draft(target: CausalLM, *, hidden_size: int = 256, num_layers: int = 4, num_heads: int = 4,
-              num_kv_heads: int = 1, intermediate_size: int | None = None, seed: int = 0,
-              vocab_ids=(), name: str = "draft") -> CausalLM:
+def new_draft(
+    target: CausalLM,
+    *,
+    hidden_size: int = 256,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 1,
+    intermediate_size: int | None = None,
+    seed: int = 0,
+    vocab_ids=(),
+    name: str = "draft",
+) -> CausalLM:
     """A small tied-embedding Llama draft for ``target`` (same vocabulary, tokenizer and EOS), its embedding
     initialised as ``E_target @ V[:, :hidden_size] * s`` with ``V`` the right singular vectors of the target's
     centred embedding and ``s`` bringing it to the draft's ``init_std``."""
-    cfg = llama.LlamaConfig(vocab_size=target.vocab_size, hidden_size=hidden_size,
-                            intermediate_size=intermediate_size or 4 * hidden_size, num_layers=num_layers,
-                            num_heads=num_heads, num_kv_heads=num_kv_heads, tie_embeddings=True,
-                            rope_theta=getattr(target.config, "rope_theta", 10000.0), vocab_ids=tuple(vocab_ids))
+    cfg = llama.LlamaConfig(
+        vocab_size=target.vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        tie_embeddings=True,
+        rope_theta=getattr(target.config, "rope_theta", 10000.0),
+        vocab_ids=tuple(vocab_ids),
+    )
     params = llama.init_params(cfg, seed)
     emb = target.params.get("embed", {}).get("embedding") if isinstance(target.params, dict) else None
     if emb is not None and emb.shape[1] >= hidden_size:
@@ -158,22 +196,27 @@ def draft_from_target(target: CausalLM, layers, *, vocab_ids=(), name: str = "dr
         emb = np.concatenate([emb[ids], emb.mean(0, keepdims=True, dtype=np.float32).astype(emb.dtype)])
         if head is not None:  # the out-of-vocabulary column's logit is always masked
             head = np.concatenate([head[:, ids], np.zeros_like(head[:, :1])], axis=1)
-    new = {"embed": {"embedding": emb}, "final_norm": params["final_norm"],
-           "layers": jax.tree_util.tree_map(lambda a: a[np.asarray(layers)], params["layers"])}
+    new = {
+        "embed": {"embedding": emb},
+        "final_norm": params["final_norm"],
+        "layers": jax.tree_util.tree_map(lambda a: a[np.asarray(layers)], params["layers"]),
+    }
     if head is not None:
         new["lm_head"] = {"kernel": head}
     new = jax.tree_util.tree_map(jnp.asarray, new)
     return llama.from_params(dcfg, new, tokenizer=target.tokenizer, eos_token_id=target.eos_token_id, name=name)
 
 
-def batch_at(records, step: int, *, seed: int, batch_size: int, prompt_weight: float, max_length: int = 512,
-             positions: int = 192):
+def batch_at(
+    records, step: int, *, seed: int, batch_size: int, prompt_weight: float, max_length: int = 512, positions: int = 192
+):
     """``(tokens [B, T] int32, select [B, S] int32, weight [B, S] float32)`` for ``step``, a pure function of
     (seed, step). A batch draws its rows from one padded-length bucket (chosen with probability proportional to
-its size), so short records are not padded to the longest. ``select`` lists the positions whose next token is trained on: every position predicting a
-    generated token (weight 1), then prompt positions drawn at random (weight ``prompt_weight``) up to
-    ``S = positions`` (padding: weight 0). The LM head, most of a small draft's cost over a 49 k vocabulary,
-    runs only at these positions. ``T`` is a power of two >= 64; records are cut to ``max_length``."""
+    its size), so short records are not padded to the longest. ``select`` lists the positions whose next token is
+    trained on: every position predicting a generated token (weight 1), then prompt positions drawn at random
+    (weight ``prompt_weight``) up to ``S = positions`` (padding: weight 0). The LM head, most of a small draft's
+    cost over a 49 k vocabulary, runs only at these positions. ``T`` is a power of two >= 64; records are cut to
+    ``max_length``."""
     rng = np.random.default_rng([seed, step])
     buckets: dict[int, list[int]] = {}  # records of one padded length share a batch: little padding
     for i, (p, o) in enumerate(records):
@@ -195,7 +238,7 @@ its size), so short records are not padded to the longest. ``select`` lists the 
         chosen = np.concatenate([out, prompt])
         select[b, : len(chosen)] = chosen
         weight[b, : len(out)] = 1.0
-        weight[b, len(out): len(chosen)] = prompt_weight
+        weight[b, len(out) : len(chosen)] = prompt_weight
     return tokens, select, weight
 
 
@@ -203,7 +246,7 @@ def _bucket(length: int, max_length: int) -> int:
     return max(64, 1 << (min(length, max_length) - 1).bit_length())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def train_step_fn(cfg: llama.LlamaConfig):
     """Jitted ``(params, opt_state, tokens, select, weight, schedule) -> (params, opt_state, loss)``: weighted
     next-token cross-entropy at the selected positions; ``schedule = [learning_rate, warmup, steps]`` is traced."""
@@ -233,10 +276,22 @@ def train_step_fn(cfg: llama.LlamaConfig):
     return step
 
 
-def distill_offline(draft: CausalLM, data, *, out_dir, steps: int = 600, batch_size: int = 8,
-                    learning_rate: float = 1e-3, warmup: int | None = None, seed: int = 0,
-                    prompt_weight: float = 0.2, max_length: int = 512, checkpoint_every: int = 50,
-                    log_every: int = 10, progress: bool = True) -> tuple[CausalLM, list]:
+def distill_offline(
+    draft: CausalLM,
+    data,
+    *,
+    out_dir,
+    steps: int = 600,
+    batch_size: int = 8,
+    learning_rate: float = 1e-3,
+    warmup: int | None = None,
+    seed: int = 0,
+    prompt_weight: float = 0.2,
+    max_length: int = 512,
+    checkpoint_every: int = 50,
+    log_every: int = 10,
+    progress: bool = True,
+) -> tuple[CausalLM, list]:
     """Train ``draft`` on ``data`` (a JSONL path or ``read_data``'s list); resumes from ``out_dir``.
     Returns the draft with the trained params and the log records of this call."""
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
@@ -255,8 +310,12 @@ def distill_offline(draft: CausalLM, data, *, out_dir, steps: int = 600, batch_s
         raise ValueError("offline distillation trains Llama-family drafts (draft.config must be a LlamaConfig)")
     step_fn = train_step_fn(draft.config)
     schedule = jnp.asarray([learning_rate, warmup, steps], jnp.float32)
-    state = {"params": draft.params, "opt_state": optimizer(*schedule).init(draft.params), "step": jnp.int32(0),
-             "loss": jnp.float32(jnp.nan)}
+    state = {
+        "params": draft.params,
+        "opt_state": optimizer(*schedule).init(draft.params),
+        "step": jnp.int32(0),
+        "loss": jnp.float32(jnp.nan),
+    }
     manager = ocp.CheckpointManager(out_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
     bar = tqdm(total=steps, disable=not progress, desc="distill (offline)")
     log = []
@@ -269,18 +328,27 @@ def distill_offline(draft: CausalLM, data, *, out_dir, steps: int = 600, batch_s
         params, opt_state, last = state["params"], state["opt_state"], state["loss"]
         seen, t0 = 0, time.perf_counter()
         for step in range(start, steps):
-            tokens, select, weight = batch_at(records, step, seed=seed, batch_size=batch_size,
-                                              prompt_weight=prompt_weight, max_length=max_length)
+            tokens, select, weight = batch_at(
+                records, step, seed=seed, batch_size=batch_size, prompt_weight=prompt_weight, max_length=max_length
+            )
             params, opt_state, last = step_fn(params, opt_state, tokens, select, weight, schedule)
             seen += int((weight > 0).sum())
             done = step + 1
             if done % checkpoint_every == 0 or done == steps:
-                manager.save(done, args=ocp.args.StandardSave(
-                    {"params": params, "opt_state": opt_state, "step": jnp.int32(done), "loss": last}))
+                manager.save(
+                    done,
+                    args=ocp.args.StandardSave(
+                        {"params": params, "opt_state": opt_state, "step": jnp.int32(done), "loss": last}
+                    ),
+                )
             bar.update(1)
             if done % log_every == 0 or done == steps:
-                record = {"step": done, "loss": float(last), "tok_s": seen / (time.perf_counter() - t0),
-                          "loss_kind": "ce-offline"}
+                record = {
+                    "step": done,
+                    "loss": float(last),
+                    "tok_s": seen / (time.perf_counter() - t0),
+                    "loss_kind": "ce-offline",
+                }
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 log.append(record)
                 with (out_dir / LOG_FILE).open("a") as f:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import loop, policy as policy_lib, sharding
+from jaxspec import loop, sharding
+from jaxspec import policy as policy_lib
 from jaxspec.drafters import PromptLookup, as_drafter
 from jaxspec.model import CausalLM
 from jaxspec.sampling import SamplingParams
@@ -345,8 +346,17 @@ def prepare(
             return policy_lib.time_rounds({g: spec_for(g) for g in gammas}, tparams, dparams, batch, greedy)
 
         mesh_key = None if mesh is None else (tuple(mesh.shape.items()), shard_draft)
-        decision = policy.decide(target, lookup or draft, batch, cache_len, int(np.mean(max_new)), greedy,
-                                 round_timer=round_timer, mesh_key=mesh_key, prompt_tokens=plen)
+        decision = policy.decide(
+            target,
+            lookup or draft,
+            batch,
+            cache_len,
+            int(np.mean(max_new)),
+            greedy,
+            round_timer=round_timer,
+            mesh_key=mesh_key,
+            prompt_tokens=plen,
+        )
         gamma = decision.gamma
         if gamma == 0:
             draft = lookup = None
@@ -377,7 +387,8 @@ def prepare(
 def _place_inputs(inputs: loop.LoopInputs, mesh) -> loop.LoopInputs:
     """Per-row inputs split over ``data``; EOS ids and sampling parameters replicated (every process passes the
     same host values and supplies its own shards)."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     def place(field, value):
         if field in ("eos", "sampling"):
@@ -412,8 +423,19 @@ def _decode(tokenizer, ids: list[int]) -> str:
 
 def _result(prep: Prepared, state: loop.State, wall: float, compile_s: float, names) -> GenerationResult:
     host = sharding.to_host(
-        (state.tokens, state.logprobs, state.length, state.prompt_len, state.finish, state.rounds,
-         state.drafted, state.accepted, state.accept_hist, state.bad_target, state.bad_draft)
+        (
+            state.tokens,
+            state.logprobs,
+            state.length,
+            state.prompt_len,
+            state.finish,
+            state.rounds,
+            state.drafted,
+            state.accepted,
+            state.accept_hist,
+            state.bad_target,
+            state.bad_draft,
+        )
     )
     tokens, logprobs, length, plen, finish, rounds, drafted, accepted, hist, bad_t, bad_d = host
     n = prep.num_rows
@@ -470,8 +492,9 @@ def _names(target: CausalLM, draft) -> tuple[str, str]:
     return f"target model {target.name!r}", f"{kind} {getattr(draft, 'name', draft)!r}"
 
 
-def generate(target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str | None = None,
-             **kwargs) -> GenerationResult:
+def generate(
+    target: CausalLM, prompts, *, draft: CausalLM | PromptLookup | str | None = None, **kwargs
+) -> GenerationResult:
     """Generate continuations of ``prompts`` with ``target``, speculatively when ``draft`` is given.
 
     Args:
@@ -522,7 +545,8 @@ def _scalar(prep: Prepared, value: int) -> jax.Array:
     """An int32 scalar argument for the loop programs (replicated over the mesh, if any)."""
     if prep.spec.mesh is None:
         return jnp.int32(value)
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     return sharding.put(np.int32(value), NamedSharding(prep.spec.mesh, P()))
 
@@ -532,10 +556,18 @@ def _observe(prep: Prepared, target: CausalLM, result: GenerationResult) -> Gene
     if prep.decision is not None and result.stats.drafted:
         greedy = bool(np.asarray(prep.inputs.sampling.temperature) == 0)
         rows = result.stats.rows
-        prep.policy.observe(target, prep.draft, greedy, result.stats.accepted, result.stats.drafted,
-                            result.stats.accept_hist, batch=prep.inputs.prompt.shape[0],
-                            passes=result.stats.target_passes, row_tokens=[r.generated_tokens for r in rows],
-                            row_rounds=[r.rounds for r in rows])
+        prep.policy.observe(
+            target,
+            prep.draft,
+            greedy,
+            result.stats.accepted,
+            result.stats.drafted,
+            result.stats.accept_hist,
+            batch=prep.inputs.prompt.shape[0],
+            passes=result.stats.target_passes,
+            row_tokens=[r.generated_tokens for r in rows],
+            row_rounds=[r.rounds for r in rows],
+        )
     return result
 
 

@@ -50,8 +50,11 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 
 class GGUFError(ValueError):
@@ -70,8 +73,7 @@ def _reader(path: Path):
     try:
         reader = gguf.GGUFReader(path, "r")
     except Exception as err:  # the reader raises ValueError/IndexError/struct errors on a damaged file
-        raise GGUFError(f"{path} is truncated or malformed and cannot be read ({type(err).__name__}: {err})") \
-            from None
+        raise GGUFError(f"{path} is truncated or malformed and cannot be read ({type(err).__name__}: {err})") from None
     size = path.stat().st_size
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size:
@@ -110,8 +112,9 @@ def _hf_config(meta: dict, arch: str, tensor_names: set[str], path: Path) -> dic
         raise GGUFError(f"{path}: metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     head_dim = meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count")
     if head_dim is not None and int(head_dim) * heads != hidden and arch not in ("qwen3", "gemma"):
-        raise GGUFError(f"{path}: rope.dimension_count {head_dim} != embedding_length / head_count (partial RoPE "
-                        "is not supported)")
+        raise GGUFError(
+            f"{path}: rope.dimension_count {head_dim} != embedding_length / head_count (partial RoPE is not supported)"
+        )
     config = {
         "model_type": ARCHITECTURES[arch],
         "vocab_size": int(vocab),
@@ -129,8 +132,9 @@ def _hf_config(meta: dict, arch: str, tensor_names: set[str], path: Path) -> dic
     }
     scaling = meta.get(f"{arch}.rope.scaling.type")
     if "rope_freqs.weight" in tensor_names:
-        raise GGUFError(f"{path}: per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1 scaling) are "
-                        "not supported yet")
+        raise GGUFError(
+            f"{path}: per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1 scaling) are not supported yet"
+        )
     if scaling not in (None, "none"):
         if scaling != "linear":
             raise GGUFError(f"{path}: RoPE scaling type {scaling!r} is not supported (only linear)")
@@ -192,8 +196,10 @@ class _Tensors:
         try:
             w = self._gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as err:
-            raise GGUFError(f"{self.path}: tensor {t.name!r} has quantization type {t.tensor_type.name}, which the "
-                            f"installed gguf package cannot dequantize ({err})") from None
+            raise GGUFError(
+                f"{self.path}: tensor {t.name!r} has quantization type {t.tensor_type.name}, which the "
+                f"installed gguf package cannot dequantize ({err})"
+            ) from None
         w = np.asarray(w, np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
         if self.arch in _PERMUTED_QK and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = self.config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
@@ -206,14 +212,19 @@ class _Tensors:
 # ----------------------------------------------------------------------------------------------- tokenizer
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _pre_tokenizer(pre: str | None, path: Path):
-    from tokenizers import Regex, pre_tokenizers as pt
+    from tokenizers import Regex
+    from tokenizers import pre_tokenizers as pt
 
     byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in (None, "default", "gpt-2", "gpt2"):
@@ -222,10 +233,13 @@ def _pre_tokenizer(pre: str | None, path: Path):
         return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
     splits = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
     if pre in splits:
-        return pt.Sequence([pt.Split(Regex(splits[pre]), behavior="isolated"),
-                            pt.ByteLevel(add_prefix_space=False, use_regex=False)])
-    raise GGUFError(f"{path}: tokenizer pre-tokenizer {pre!r} is not supported (supported: default, gpt2, smollm, "
-                    "llama-bpe, qwen2); load with tokenizer=False and attach your own")
+        return pt.Sequence(
+            [pt.Split(Regex(splits[pre]), behavior="isolated"), pt.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+    raise GGUFError(
+        f"{path}: tokenizer pre-tokenizer {pre!r} is not supported (supported: default, gpt2, smollm, "
+        "llama-bpe, qwen2); load with tokenizer=False and attach your own"
+    )
 
 
 def build_tokenizer(meta: dict, path: Path):
@@ -235,8 +249,10 @@ def build_tokenizer(meta: dict, path: Path):
 
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise GGUFError(f"{path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); load "
-                        "with tokenizer=False and attach your own")
+        raise GGUFError(
+            f"{path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); load "
+            "with tokenizer=False and attach your own"
+        )
     tokens = meta.get("tokenizer.ggml.tokens")
     merges = meta.get("tokenizer.ggml.merges")
     if not tokens or merges is None:
@@ -252,8 +268,9 @@ def build_tokenizer(meta: dict, path: Path):
     if meta.get("tokenizer.ggml.add_bos_token") and bos_id is not None and 0 <= bos_id < len(tokens):
         # llama.cpp prepends BOS to every encoded text: encode(..., add_special_tokens=True) does the same
         bos = tokens[bos_id]
-        post.append(processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                  special_tokens=[(bos, bos_id)]))
+        post.append(
+            processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+        )
     tok.post_processor = processors.Sequence(post) if len(post) > 1 else post[0]
     control = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3]
     user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4]
@@ -265,8 +282,13 @@ def build_tokenizer(meta: dict, path: Path):
         i = meta.get(f"tokenizer.ggml.{key}_token_id")
         return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=token("bos"), eos_token=token("eos"),
-                                   unk_token=token("unknown"), pad_token=token("padding"))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=token("bos"),
+        eos_token=token("eos"),
+        unk_token=token("unknown"),
+        pad_token=token("padding"),
+    )
     template = meta.get("tokenizer.chat_template")
     if template:
         fast.chat_template = template
@@ -292,8 +314,9 @@ def _architecture(meta: dict, path: Path) -> str:
     return arch
 
 
-def load(path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None,
-         mesh=None) -> CausalLM:
+def load(
+    path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None, mesh=None
+) -> CausalLM:
     """Load a GGUF file as a ``CausalLM`` with weights in ``dtype`` (``"float32"``, ``"bfloat16"``,
     ``"float16"``); ``tokenizer=True`` builds the file's tokenizer and chat template, ``False`` attaches none,
     any other object is attached as is; ``mesh`` places every weight into its sharding (see ``jaxspec.hf.load``).
@@ -331,5 +354,6 @@ def load(path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, nam
     elif tokenizer is False:
         tokenizer = None
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    return family.from_params(cfg, params, tokenizer=tokenizer, eos_token_id=None if eos is None else int(eos),
-                              name=name or path.stem)
+    return family.from_params(
+        cfg, params, tokenizer=tokenizer, eos_token_id=None if eos is None else int(eos), name=name or path.stem
+    )

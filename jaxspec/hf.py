@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -289,7 +290,9 @@ def _gpt2_config(c: dict, model_type: str, dtype: str) -> gpt2.GPT2Config:
             raise ValueError(f"config.json ({model_type}) is missing {key!r}")
     act = c.get("activation_function", "gelu_new")
     if act not in _GPT2_ACTIVATIONS:
-        raise ValueError(f"activation_function={act!r} is not supported for gpt2; supported: {sorted(_GPT2_ACTIVATIONS)}")
+        raise ValueError(
+            f"activation_function={act!r} is not supported for gpt2; supported: {sorted(_GPT2_ACTIVATIONS)}"
+        )
     for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
         if c.get(key):
             raise ValueError(f"{key}=True is not supported for gpt2")
@@ -458,8 +461,9 @@ def _load_tokenizer(root: Path):
     return AutoTokenizer.from_pretrained(str(root), local_files_only=True, trust_remote_code=False)
 
 
-def load(path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None,
-         mesh=None) -> CausalLM:
+def load(
+    path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None, mesh=None
+) -> CausalLM:
     """Load a Hugging Face model directory as a ``CausalLM``.
 
     Args:

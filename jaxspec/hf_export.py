@@ -18,8 +18,13 @@ from jaxspec.model import CausalLM
 from jaxspec.models import llama
 
 _ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM"}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+}
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
@@ -28,7 +33,11 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
         blob = a.tobytes()
-        header[name] = {"dtype": _ST_NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + len(blob)]}
+        header[name] = {
+            "dtype": _ST_NAMES[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
         offset += len(blob)
         blobs.append(blob)
     head = json.dumps(header, separators=(",", ":")).encode()

@@ -16,11 +16,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxspec import sharding
 from jaxspec.acceptance import RejectionSampler
@@ -106,10 +108,12 @@ def _constrain(spec: LoopSpec, state: State) -> State:
     if spec.mesh is None:
         return state
     shardings = state_shardings(spec, state)
-    return State(**{
-        f.name: sharding.constrain(getattr(state, f.name), getattr(shardings, f.name))
-        for f in dataclasses.fields(State)
-    })
+    return State(
+        **{
+            f.name: sharding.constrain(getattr(state, f.name), getattr(shardings, f.name))
+            for f in dataclasses.fields(State)
+        }
+    )
 
 
 def _bad_logits(logits: jax.Array) -> jax.Array:
@@ -120,8 +124,14 @@ def _bad_logits(logits: jax.Array) -> jax.Array:
 def _zero_counters(spec: LoopSpec, batch: int) -> dict:
     """The per-row statistics of a fresh state: rounds, drafts, acceptances, their histogram, bad-logit flags."""
     zeros = jnp.zeros((batch,), jnp.int32)
-    return dict(rounds=zeros, drafted=zeros, accepted=zeros, accept_hist=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
-                bad_target=jnp.zeros((batch,), bool), bad_draft=jnp.zeros((batch,), bool))
+    return dict(
+        rounds=zeros,
+        drafted=zeros,
+        accepted=zeros,
+        accept_hist=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
+        bad_target=jnp.zeros((batch,), bool),
+        bad_draft=jnp.zeros((batch,), bool),
+    )
 
 
 def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
@@ -240,7 +250,11 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
         jnp.where(
             eos_hit,
             FINISH_EOS,
-            jnp.where(length - state.prompt_len >= state.max_new, FINISH_LENGTH, jnp.where(length >= size, FINISH_CACHE, RUNNING)),
+            jnp.where(
+                length - state.prompt_len >= state.max_new,
+                FINISH_LENGTH,
+                jnp.where(length >= size, FINISH_CACHE, RUNNING),
+            ),
         ),
     )
     used = offsets[None] <= n[:, None]  # target positions that decided something this round
@@ -287,7 +301,7 @@ def timing_state(spec: LoopSpec, batch: int, length: int, greedy: bool) -> State
     return _timing_state_fn(spec, batch, length, greedy)()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _timing_state_fn(spec: LoopSpec, batch: int, length: int, greedy: bool):
     def make() -> State:
         zeros = jnp.zeros((batch,), jnp.int32)
@@ -358,8 +372,7 @@ class Program:
 def _signature(args) -> tuple:
     leaves, treedef = jax.tree.flatten(args)
     return treedef, tuple(
-        (jnp.shape(x), jnp.result_type(x), getattr(x, "weak_type", False), getattr(x, "sharding", None))
-        for x in leaves
+        (jnp.shape(x), jnp.result_type(x), getattr(x, "weak_type", False), getattr(x, "sharding", None)) for x in leaves
     )
 
 

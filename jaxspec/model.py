@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -65,13 +66,19 @@ class CausalLM:
             raise ValueError(f"CausalLM(vocab_size=...) must be a positive int, got {self.vocab_size!r}")
 
     @classmethod
-    def from_config(cls, fns: tuple[ApplyFn, InitCacheFn], config, params, **kwargs) -> "CausalLM":
+    def from_config(cls, fns: tuple[ApplyFn, InitCacheFn], config, params, **kwargs) -> CausalLM:
         """A built-in family's model: ``fns = (apply_fn, init_cache)`` for ``config`` (which has ``vocab_size``)."""
         apply_fn, init_cache = fns
-        return cls(apply_fn=apply_fn, params=params, init_cache=init_cache, vocab_size=config.vocab_size,
-                   config=config, **kwargs)
+        return cls(
+            apply_fn=apply_fn,
+            params=params,
+            init_cache=init_cache,
+            vocab_size=config.vocab_size,
+            config=config,
+            **kwargs,
+        )
 
-    def replace(self, **changes) -> "CausalLM":
+    def replace(self, **changes) -> CausalLM:
         return dataclasses.replace(self, **changes)
 
     def logits(self, tokens) -> jax.Array:

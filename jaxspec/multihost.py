@@ -8,7 +8,7 @@ prompt list when each process reads its own part of a workload.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np

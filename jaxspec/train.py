@@ -32,8 +32,9 @@ from jaxspec.models import llama
 # The shipped pair: same tokenizer; the draft is far cheaper per decode step.
 PAIR_CONFIGS = {
     "target": dict(hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2),
-    "draft": dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1,
-                  tie_embeddings=True),
+    "draft": dict(
+        hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1, tie_embeddings=True
+    ),
 }
 
 
@@ -90,7 +91,9 @@ def make_distill_loss(apply_fn, init_cache, teacher_apply, teacher_init_cache, t
 
     def loss_fn(params, batch):
         inputs = batch[:, :-1]
-        teacher = jax.nn.softmax(_forward(teacher_apply, teacher_init_cache, teacher_params, inputs).astype(jnp.float32))
+        teacher = jax.nn.softmax(
+            _forward(teacher_apply, teacher_init_cache, teacher_params, inputs).astype(jnp.float32)
+        )
         logits = _forward(apply_fn, init_cache, params, inputs)
         return optax.softmax_cross_entropy(logits, jax.lax.stop_gradient(teacher)).mean()
 
@@ -118,13 +121,23 @@ def latest_params(run: Path, name: str, mcfg: llama.LlamaConfig | None = None):
         raise FileNotFoundError(f"no checkpoint of {name!r} in {run}; train it first")
     abstract = jax.eval_shape(lambda: llama.init_params(mcfg, 0))
     opt_state = jax.eval_shape(optimizer(TrainConfig()).init, abstract)
-    state = manager.restore(step, args=ocp.args.StandardRestore(
-        {"params": abstract, "opt_state": opt_state, "step": jax.ShapeDtypeStruct((), jnp.int32)}))
+    state = manager.restore(
+        step,
+        args=ocp.args.StandardRestore(
+            {"params": abstract, "opt_state": opt_state, "step": jax.ShapeDtypeStruct((), jnp.int32)}
+        ),
+    )
     return state["params"], mcfg, step
 
 
-def train(run: Path, name: str, cfg: TrainConfig, mcfg: llama.LlamaConfig | None = None,
-          teacher: str | None = None, teacher_cfg: llama.LlamaConfig | None = None) -> dict:
+def train(
+    run: Path,
+    name: str,
+    cfg: TrainConfig,
+    mcfg: llama.LlamaConfig | None = None,
+    teacher: str | None = None,
+    teacher_cfg: llama.LlamaConfig | None = None,
+) -> dict:
     """Train model ``name`` on ``run/train.npy`` (made by ``prepare_run``); resumes from ``run/ckpt_<name>``.
 
     With ``teacher`` (a model name in the same run), distill from its latest checkpoint instead of the labels.
@@ -173,8 +186,9 @@ def train(run: Path, name: str, cfg: TrainConfig, mcfg: llama.LlamaConfig | None
         tokens += cfg.batch_size * cfg.seq_len
         done = step + 1
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            manager.save(done, args=ocp.args.StandardSave(
-                {"params": params, "opt_state": opt_state, "step": jnp.int32(done)}))
+            manager.save(
+                done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state, "step": jnp.int32(done)})
+            )
         if done % 50 == 0 or done == cfg.steps:
             record = {"step": done, "loss": float(loss), "tok_s": tokens / (time.perf_counter() - t0)}
             if done % cfg.eval_every == 0 or done == cfg.steps:
@@ -196,8 +210,9 @@ def export(run: Path, name: str, out_dir: Path, bf16: bool = False) -> Path:
     run = Path(run).resolve()
     params, mcfg, step = latest_params(run, name)
     tokenizer = AutoTokenizer.from_pretrained(str(run / "tokenizer"))
-    model = llama.from_params(mcfg, params, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id,
-                              name=Path(out_dir).name)
+    model = llama.from_params(
+        mcfg, params, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id, name=Path(out_dir).name
+    )
     print(f"exporting {name} (step {step}, {model.num_params / 1e6:.2f} M params) to {out_dir}", flush=True)
     return save(model, out_dir, storage_dtype="bfloat16" if bf16 else None)
 

@@ -33,9 +33,10 @@ from pathlib import Path
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("prompts", help="JSONL file, one {\"id\": ..., \"ids\": [...]} per line")
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("prompts", help='JSONL file, one {"id": ..., "ids": [...]} per line')
     ap.add_argument("--gguf", required=True, help="target model GGUF file")
     ap.add_argument("--draft", default=None, help="draft model: a Hugging Face directory (optional)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -45,8 +46,11 @@ def parse_args(argv=None):
     ap.add_argument("--eos-id", type=int, default=2)
     ap.add_argument("--num-assistant-tokens", type=int, default=4)
     ap.add_argument("--lookup-tokens", type=int, default=4, help="prompt_lookup_num_tokens")
-    ap.add_argument("--modes", default="plain,assisted,lookup",
-                    help="comma-separated subset of plain,assisted,lookup (assisted needs --draft)")
+    ap.add_argument(
+        "--modes",
+        default="plain,assisted,lookup",
+        help="comma-separated subset of plain,assisted,lookup (assisted needs --draft)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write a JSON summary here")
     return ap.parse_args(argv)
@@ -63,7 +67,7 @@ def main(argv=None):
 
     prompts = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     if args.limit is not None:
-        prompts = prompts[:args.limit]
+        prompts = prompts[: args.limit]
     if not prompts:
         sys.exit("no prompts")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -76,8 +80,9 @@ def main(argv=None):
 
     gguf = Path(args.gguf)
     t0 = time.perf_counter()
-    target = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                               dtype=torch.float32).eval()
+    target = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
     load_s = time.perf_counter() - t0
     draft = None
     draft_load_s = None
@@ -91,19 +96,26 @@ def main(argv=None):
         gc.num_assistant_tokens = args.num_assistant_tokens
         gc.num_assistant_tokens_schedule = "constant"
         gc.assistant_confidence_threshold = 0.0
-    print(f"torch {torch.__version__} transformers {transformers.__version__} threads {args.threads}; "
-          f"target {gguf.name} loaded in {load_s:.1f}s"
-          + (f", draft {args.draft} in {draft_load_s:.1f}s" if draft is not None else ""), flush=True)
+    print(
+        f"torch {torch.__version__} transformers {transformers.__version__} threads {args.threads}; "
+        f"target {gguf.name} loaded in {load_s:.1f}s"
+        + (f", draft {args.draft} in {draft_load_s:.1f}s" if draft is not None else ""),
+        flush=True,
+    )
 
     sampling = args.temperature > 0
-    common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=args.eos_id, pad_token_id=args.eos_id,
-                  do_sample=sampling)
+    common = dict(
+        max_new_tokens=args.max_new_tokens, eos_token_id=args.eos_id, pad_token_id=args.eos_id, do_sample=sampling
+    )
     if sampling:
         common.update(temperature=args.temperature, top_k=0, top_p=1.0)
     else:
         common.update(temperature=None, top_k=None, top_p=None)
-    extra = {"plain": {}, "assisted": {"assistant_model": draft},
-             "lookup": {"prompt_lookup_num_tokens": args.lookup_tokens}}
+    extra = {
+        "plain": {},
+        "assisted": {"assistant_model": draft},
+        "lookup": {"prompt_lookup_num_tokens": args.lookup_tokens},
+    }
 
     def run(mode, ids, seed, max_new=None):
         kwargs = dict(common, **extra[mode])
@@ -115,9 +127,9 @@ def main(argv=None):
             t = time.perf_counter()
             out = target.generate(input_ids=x, attention_mask=torch.ones_like(x), **kwargs)
             dt = time.perf_counter() - t
-        return out[0, x.shape[1]:].tolist(), dt
+        return out[0, x.shape[1] :].tolist(), dt
 
-    for mode in modes:                                       # warm-up, not counted
+    for mode in modes:  # warm-up, not counted
         run(mode, prompts[0]["ids"], args.seed, max_new=min(16, args.max_new_tokens))
 
     per_prompt = []
@@ -134,11 +146,20 @@ def main(argv=None):
         if not sampling and "plain" in modes:
             row["same_as_plain"] = {m: outs[m] == outs["plain"] for m in modes if m != "plain"}
         per_prompt.append(row)
-        print(f"[{i + 1}/{len(prompts)}] id={row['id']} len={row['prompt_len']} "
-              + " ".join(f"{m}={row[m]['tokens']}tok/{row[m]['seconds']:.2f}s" for m in modes), flush=True)
+        print(
+            f"[{i + 1}/{len(prompts)}] id={row['id']} len={row['prompt_len']} "
+            + " ".join(f"{m}={row[m]['tokens']}tok/{row[m]['seconds']:.2f}s" for m in modes),
+            flush=True,
+        )
 
-    summary = {m: {"tokens": t["tokens"], "seconds": round(t["seconds"], 3),
-                   "tok_s": round(t["tokens"] / t["seconds"], 3) if t["seconds"] else None} for m, t in totals.items()}
+    summary = {
+        m: {
+            "tokens": t["tokens"],
+            "seconds": round(t["seconds"], 3),
+            "tok_s": round(t["tokens"] / t["seconds"], 3) if t["seconds"] else None,
+        }
+        for m, t in totals.items()
+    }
     if "plain" in summary:
         for m in modes:
             summary[m]["ratio_to_plain"] = round(summary[m]["tok_s"] / summary["plain"]["tok_s"], 3)
@@ -152,13 +173,25 @@ def main(argv=None):
             print(f"{m}: output identical to plain on {same}/{len(per_prompt)} prompts")
 
     if args.json:
-        result = {"target": str(gguf), "draft": args.draft, "prompts_file": args.prompts, "n_prompts": len(prompts),
-                  "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "threads": args.threads,
-                  "eos_id": args.eos_id, "num_assistant_tokens": args.num_assistant_tokens,
-                  "lookup_tokens": args.lookup_tokens, "load_seconds": round(load_s, 2),
-                  "draft_load_seconds": None if draft_load_s is None else round(draft_load_s, 2),
-                  "torch": torch.__version__, "transformers": transformers.__version__,
-                  "machine": platform.machine(), "summary": summary, "per_prompt": per_prompt}
+        result = {
+            "target": str(gguf),
+            "draft": args.draft,
+            "prompts_file": args.prompts,
+            "n_prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+            "threads": args.threads,
+            "eos_id": args.eos_id,
+            "num_assistant_tokens": args.num_assistant_tokens,
+            "lookup_tokens": args.lookup_tokens,
+            "load_seconds": round(load_s, 2),
+            "draft_load_seconds": None if draft_load_s is None else round(draft_load_s, 2),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "machine": platform.machine(),
+            "summary": summary,
+            "per_prompt": per_prompt,
+        }
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
 

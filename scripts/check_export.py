@@ -18,12 +18,22 @@ def export(root: Path) -> None:
     from jaxspec.hf_export import export_hf
     from jaxspec.models import llama
 
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                init_std=0.2)
+    base = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, init_std=0.2
+    )
     variants = {
-        "llama3_tied_bias": dict(tie_embeddings=True, qkv_bias=True, o_bias=True, rope_type="llama3",
-                                 rope_params={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                              "original_max_position_embeddings": 16}),
+        "llama3_tied_bias": dict(
+            tie_embeddings=True,
+            qkv_bias=True,
+            o_bias=True,
+            rope_type="llama3",
+            rope_params={
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
         "qwen2": dict(qkv_bias=True, tie_embeddings=True),
         "qwen3": dict(qk_norm=True, head_dim=16, num_kv_heads=1),
         "mistral": dict(sliding_window=8),
@@ -34,7 +44,11 @@ def export(root: Path) -> None:
         model = llama.init(llama.LlamaConfig(**{**base, **extra}), seed=1, eos_token_id=2)
         leaves, tree = jax.tree.flatten(model.params)
         rng = np.random.default_rng(0)
-        model = model.replace(params=jax.tree.unflatten(tree, [np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(x.dtype) for x in leaves]))
+        model = model.replace(
+            params=jax.tree.unflatten(
+                tree, [np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(x.dtype) for x in leaves]
+            )
+        )
         export_hf(model, root / name)
         np.savez(root / name / "jaxspec_logits.npz", ids=ids, logits=np.asarray(model.logits(ids)))
 

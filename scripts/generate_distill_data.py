@@ -43,8 +43,9 @@ def main():
         if rec["id"] in done:
             continue
         if args.chat:
-            ids = target.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                       add_generation_prompt=True, tokenize=True)
+            ids = target.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
             ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         else:
             ids = target.tokenizer.encode(text)
@@ -55,17 +56,32 @@ def main():
     start, tokens = time.time(), 0
     with open(out, "a") as f:
         for i in range(0, len(todo), args.batch_size):
-            batch = todo[i: i + args.batch_size]
-            res = jaxspec.generate(target, [ids for _, ids in batch], max_new_tokens=args.max_new_tokens,
-                                   temperature=args.temperature, seed=i)
+            batch = todo[i : i + args.batch_size]
+            res = jaxspec.generate(
+                target,
+                [ids for _, ids in batch],
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                seed=i,
+            )
             for (rid, ids), toks in zip(batch, res.tokens):
-                f.write(json.dumps({"id": rid, "prompt_ids": ids, "output_ids": [int(t) for t in toks],
-                                    "temperature": args.temperature}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "id": rid,
+                            "prompt_ids": ids,
+                            "output_ids": [int(t) for t in toks],
+                            "temperature": args.temperature,
+                        }
+                    )
+                    + "\n"
+                )
                 tokens += len(toks)
             f.flush()
             el = time.time() - start
-            print(f"{i + len(batch)}/{len(todo)} prompts, {tokens} tokens, {el:.0f}s, {tokens / el:.1f} tok/s",
-                  flush=True)
+            print(
+                f"{i + len(batch)}/{len(todo)} prompts, {tokens} tokens, {el:.0f}s, {tokens / el:.1f} tok/s", flush=True
+            )
 
 
 if __name__ == "__main__":

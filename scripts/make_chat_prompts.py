@@ -36,7 +36,7 @@ DOCS = [
     "What does `{qual}` do in Python? Give a short example.",
     "Explain how to use {qual} in Python.",
     "How do I use the `{module}` module in Python?",
-    "Explain \"{title}\" in Python.",
+    'Explain "{title}" in Python.',
 ]
 
 
@@ -52,7 +52,7 @@ def _functions(split: str):
         except SyntaxError:
             continue
         lines = text.splitlines(keepends=True)
-        module = name[len("stdlib/"):-3].replace("/", ".").removesuffix(".__init__")
+        module = name[len("stdlib/") : -3].replace("/", ".").removesuffix(".__init__")
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or node.col_offset != 0:
                 continue
@@ -61,7 +61,7 @@ def _functions(split: str):
             if not doc or len(body) < 2 or not isinstance(body[0], ast.Expr):
                 continue
             end = body[0].end_lineno
-            head = "".join(lines[node.lineno - 1 - len(node.decorator_list): end])
+            head = "".join(lines[node.lineno - 1 - len(node.decorator_list) : end])
             if len(head) > 900 or len(head) < 40:
                 continue
             args = ", ".join(a.arg for a in node.args.args)
@@ -105,8 +105,9 @@ def main():
                 if kind == "complete":
                     text = COMPLETE[rng.integers(len(COMPLETE))].format(code=head)
                 elif kind == "write":
-                    text = WRITE[rng.integers(len(WRITE))].format(sig=sig, name=name, doc=doc_l + ".",
-                                                                  doc_cap=doc + ".")
+                    text = WRITE[rng.integers(len(WRITE))].format(
+                        sig=sig, name=name, doc=doc_l + ".", doc_cap=doc + "."
+                    )
                 else:
                     text = DOCS[rng.integers(0, 2)].format(qual=f"{module}.{name}")
             if text in seen:

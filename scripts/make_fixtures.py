@@ -24,51 +24,126 @@ SEQ = 56
 VOCAB = 64
 WEIGHT_STD = 0.15
 
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              max_position_embeddings=256, rms_norm_eps=1e-5, initializer_range=WEIGHT_STD,
-              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    initializer_range=WEIGHT_STD,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 
 GPT2_COMMON = dict(vocab_size=VOCAB, initializer_range=WEIGHT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 # name -> (config class, model class, config kwargs, options)
 FIXTURES = {
     # Llama 2 style: GQA, untied, default RoPE
-    "llama_gqa": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
-                  dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), {}),
+    "llama_gqa": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+        {},
+    ),
     # Llama 3.1/3.2 style: llama3 RoPE (bands straddle original_max_position_embeddings=64 for head_dim 8),
     # MQA, tied embeddings, attention_bias (q/k/v/o biases), a multi-id EOS in generation_config
-    "llama3_rope_mqa_tied": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
-                             dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True,
-                                  attention_bias=True, eos_token_id=[2, 3],
-                                  rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
-                                                       low_freq_factor=1.0, high_freq_factor=4.0,
-                                                       original_max_position_embeddings=64)),
-                             {}),
+    "llama3_rope_mqa_tied": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            eos_token_id=[2, 3],
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        ),
+        {},
+    ),
     # Llama 2 long-context style: linear RoPE, bf16 weights on disk, sharded with an index, a tokenizer
-    "llama_linear_bf16_sharded": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
-                                  dict(num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False,
-                                       rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)),
-                                  dict(bf16=True, max_shard_size="20KB", tokenizer=True)),
+    "llama_linear_bf16_sharded": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0),
+        ),
+        dict(bf16=True, max_shard_size="20KB", tokenizer=True),
+    ),
     # Mistral: GQA, explicit head_dim != hidden / heads, sliding window shorter than the sequence
-    "mistral_swa": (transformers.MistralConfig, transformers.MistralForCausalLM,
-                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
-                         tie_word_embeddings=False), {}),
+    "mistral_swa": (
+        transformers.MistralConfig,
+        transformers.MistralForCausalLM,
+        dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16, tie_word_embeddings=False),
+        {},
+    ),
     # Qwen2/2.5: q/k/v biases, tied, GQA
-    "qwen2_bias_tied": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
-                        dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                             rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), {}),
+    "qwen2_bias_tied": (
+        transformers.Qwen2Config,
+        transformers.Qwen2ForCausalLM,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        {},
+    ),
     # Qwen3: q/k RMSNorm per head, explicit head_dim, untied, MQA
-    "qwen3_qknorm": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
-                     dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False,
-                          rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), {}),
+    "qwen3_qknorm": (
+        transformers.Qwen3Config,
+        transformers.Qwen3ForCausalLM,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        {},
+    ),
     # Gemma: (1 + w) RMSNorm, sqrt(hidden)-scaled embeddings, GeGLU (tanh), tied, GQA, explicit head_dim
-    "gemma_gqa_tied": (transformers.GemmaConfig, transformers.GemmaForCausalLM,
-                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-                            hidden_act="gelu_pytorch_tanh", rms_norm_eps=1e-6), {}),
+    "gemma_gqa_tied": (
+        transformers.GemmaConfig,
+        transformers.GemmaForCausalLM,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=True,
+            hidden_act="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+        ),
+        {},
+    ),
     # GPT-2: learned positions, LayerNorm with bias, fused c_attn (Conv1D), gelu_new, tied, n_inner set
-    "gpt2_tied": (transformers.GPT2Config, transformers.GPT2LMHeadModel,
-                  dict(n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=128, layer_norm_epsilon=1e-5,
-                       activation_function="gelu_new", tie_word_embeddings=True), {"gpt2": True}),
+    "gpt2_tied": (
+        transformers.GPT2Config,
+        transformers.GPT2LMHeadModel,
+        dict(
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_inner=64,
+            n_positions=128,
+            layer_norm_epsilon=1e-5,
+            activation_function="gelu_new",
+            tie_word_embeddings=True,
+        ),
+        {"gpt2": True},
+    ),
 }
 
 
@@ -77,7 +152,9 @@ def _perturb(model: torch.nn.Module, gen: torch.Generator) -> None:
     gemma = model.config.model_type == "gemma"
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if ("norm" in name or ".ln_" in name) and not name.endswith(".bias"):  # Gemma scales by (1 + w): centre its w on 0 so the effective scale is the same
+            if ("norm" in name or ".ln_" in name) and not name.endswith(
+                ".bias"
+            ):  # Gemma scales by (1 + w): centre its w on 0 so the effective scale is the same
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen) - (1.0 if gemma else 0.0))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
@@ -91,8 +168,9 @@ def _tokenizer(directory: Path) -> None:
     words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                                unk_token="<unk>", pad_token="<pad>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
     fast.save_pretrained(directory)
 
 

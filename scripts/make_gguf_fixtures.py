@@ -3,7 +3,8 @@
 Needs a separate venv with torch and transformers (torch is never a jaxspec dependency):
 
     python3.11 -m venv /tmp/torchvenv
-    /tmp/torchvenv/bin/pip install "torch==2.13.0+cpu" "transformers==5.23.0" "gguf==0.19.0" numpy tokenizers safetensors
+    /tmp/torchvenv/bin/pip install "torch==2.13.0+cpu" "transformers==5.23.0" "gguf==0.19.0" \
+        numpy tokenizers safetensors
     OMP_NUM_THREADS=1 /tmp/torchvenv/bin/python scripts/make_gguf_fixtures.py            # everything
     OMP_NUM_THREADS=1 /tmp/torchvenv/bin/python scripts/make_gguf_fixtures.py --only synthetic
     OMP_NUM_THREADS=1 /tmp/torchvenv/bin/python scripts/make_gguf_fixtures.py --only smollm2 --bench
@@ -39,11 +40,12 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from importlib.metadata import version  # noqa: E402
+
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from importlib.metadata import version  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import LlamaFileType as FT  # noqa: E402
 
@@ -58,9 +60,9 @@ SEQ = 12
 TOKENIZER_VOCAB = 320
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-SMALL = dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2)     # head_dim 16, GQA
-MQA = dict(hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1)       # head_dim 32, MQA
-KQ2 = dict(hidden=256, intermediate=256, layers=2, heads=8, kv_heads=2)      # K-quants: rows % 256 == 0
+SMALL = dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2)  # head_dim 16, GQA
+MQA = dict(hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1)  # head_dim 32, MQA
+KQ2 = dict(hidden=256, intermediate=256, layers=2, heads=8, kv_heads=2)  # K-quants: rows % 256 == 0
 KQ1 = dict(KQ2, layers=1)
 
 # name -> (arch, type, size, tied, rope theta, seed); sizes kept small so the directory stays ~6 MB
@@ -76,9 +78,17 @@ FIXTURES = {
     "llama_q6_k": ("llama", "Q6_K", KQ1, True, 100000.0, 9),
     "qwen2_f16": ("qwen2", "F16", SMALL, True, 1000000.0, 10),
 }
-FILE_TYPES = {"F32": FT.ALL_F32, "F16": FT.MOSTLY_F16, "BF16": FT.MOSTLY_BF16, "Q8_0": FT.MOSTLY_Q8_0,
-              "Q4_0": FT.MOSTLY_Q4_0, "Q4_1": FT.MOSTLY_Q4_1, "Q4_K": FT.MOSTLY_Q4_K_S,
-              "Q5_K": FT.MOSTLY_Q5_K_S, "Q6_K": FT.MOSTLY_Q6_K}
+FILE_TYPES = {
+    "F32": FT.ALL_F32,
+    "F16": FT.MOSTLY_F16,
+    "BF16": FT.MOSTLY_BF16,
+    "Q8_0": FT.MOSTLY_Q8_0,
+    "Q4_0": FT.MOSTLY_Q4_0,
+    "Q4_1": FT.MOSTLY_Q4_1,
+    "Q4_K": FT.MOSTLY_Q4_K_S,
+    "Q5_K": FT.MOSTLY_Q5_K_S,
+    "Q6_K": FT.MOSTLY_Q6_K,
+}
 EPS = 1e-5
 CONTEXT = 2048
 
@@ -97,7 +107,7 @@ def corpus() -> str:
     )
     code = (
         "def forward(self, x, cache=None):\n"
-        "    \"\"\"Run the model on x and return the logits.\"\"\"\n"
+        '    """Run the model on x and return the logits."""\n'
         "    for layer in self.layers:\n"
         "        x = layer(x, cache=cache)\n"
         "    return self.norm(x) @ self.embed.T\n\n"
@@ -113,8 +123,12 @@ def train_tokenizer(vocab_size: int = TOKENIZER_VOCAB):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([corpus()], trainer=trainer)
     vocab = tok.get_vocab()
     tokens = [None] * len(vocab)
@@ -175,19 +189,21 @@ def _nibbles(q):
 
 def pack_q4_k(x):
     d, dmin, sc, m, q, recon = _k_affine(x, 15)
-    raw = np.concatenate([d[:, None].view(np.uint8), dmin[:, None].view(np.uint8), _pack_k_scales(sc, m),
-                          _nibbles(q)], axis=1)
+    raw = np.concatenate(
+        [d[:, None].view(np.uint8), dmin[:, None].view(np.uint8), _pack_k_scales(sc, m), _nibbles(q)], axis=1
+    )
     return raw, recon
 
 
 def pack_q5_k(x):
     d, dmin, sc, m, q, recon = _k_affine(x, 31)
-    high = (q >> 4) & 1                                         # [nb, 8, 32]: bit b of qh[i] is sub-block b
+    high = (q >> 4) & 1  # [nb, 8, 32]: bit b of qh[i] is sub-block b
     qh = np.zeros((x.shape[0], 32), np.uint8)
     for b in range(8):
         qh |= high[:, b, :] << b
-    raw = np.concatenate([d[:, None].view(np.uint8), dmin[:, None].view(np.uint8), _pack_k_scales(sc, m), qh,
-                          _nibbles(q)], axis=1)
+    raw = np.concatenate(
+        [d[:, None].view(np.uint8), dmin[:, None].view(np.uint8), _pack_k_scales(sc, m), qh, _nibbles(q)], axis=1
+    )
     return raw, recon
 
 
@@ -202,9 +218,9 @@ def pack_q6_k(x):
     step = df * sc
     qs = np.clip(np.rint(_safe_div(xs, step[..., None])), -32, 31)
     recon = (step[..., None] * qs).reshape(nb, 256)
-    u = (qs + 32).astype(np.uint8).reshape(nb, 2, 2, 64)        # element e = 128*h + 64*s + k
+    u = (qs + 32).astype(np.uint8).reshape(nb, 2, 2, 64)  # element e = 128*h + 64*s + k
     ql = ((u[:, :, 0, :] & 0x0F) | ((u[:, :, 1, :] & 0x0F) << 4)).reshape(nb, 128)
-    hi = (u.reshape(nb, 2, 4, 32) >> 4) & 0x03                  # element e = 128*h + 32*t + k
+    hi = (u.reshape(nb, 2, 4, 32) >> 4) & 0x03  # element e = 128*h + 32*t + k
     qh = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(nb, 64)
     raw = np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), d[:, None].view(np.uint8)], axis=1)
     return raw, recon
@@ -228,7 +244,7 @@ def encode(w: np.ndarray, qtype: QT):
         assert raw.shape[1] == size and raw.dtype == np.uint8
         raw = raw.reshape(w.shape[0], -1)
         deq = gguf.quants.dequantize(raw, qtype)
-        np.testing.assert_array_equal(deq, recon.reshape(w.shape))   # packing matches gguf-py's reading
+        np.testing.assert_array_equal(deq, recon.reshape(w.shape))  # packing matches gguf-py's reading
         return raw, qtype, deq
     raw = gguf.quants.quantize(w, qtype)
     return raw, qtype, gguf.quants.dequantize(raw, qtype)
@@ -246,11 +262,22 @@ def rope_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def build_model(arch, size, vocab, tied, theta, seed):
-    common = dict(vocab_size=vocab, hidden_size=size["hidden"], intermediate_size=size["intermediate"],
-                  num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
-                  num_key_value_heads=size["kv_heads"], max_position_embeddings=CONTEXT, rms_norm_eps=EPS,
-                  rope_theta=theta, tie_word_embeddings=tied, initializer_range=1.2 / size["hidden"] ** 0.5,
-                  bos_token_id=1, eos_token_id=2, attn_implementation="eager")
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=size["hidden"],
+        intermediate_size=size["intermediate"],
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size["heads"],
+        num_key_value_heads=size["kv_heads"],
+        max_position_embeddings=CONTEXT,
+        rms_norm_eps=EPS,
+        rope_theta=theta,
+        tie_word_embeddings=tied,
+        initializer_range=1.2 / size["hidden"] ** 0.5,
+        bos_token_id=1,
+        eos_token_id=2,
+        attn_implementation="eager",
+    )
     if arch == "llama":
         cfg = transformers.LlamaConfig(head_dim=size["hidden"] // size["heads"], **common)
         cls = transformers.LlamaForCausalLM
@@ -262,7 +289,7 @@ def build_model(arch, size, vocab, tied, theta, seed):
     gen = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):      # norms away from 1, so a loader that skips them fails
+            if name.endswith("norm.weight"):  # norms away from 1, so a loader that skips them fails
                 p.copy_(1.0 + 0.25 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
@@ -289,11 +316,13 @@ def gguf_tensors(model, arch, permute=True):
         out.append((b + "attn_v.weight", sd[p + "self_attn.v_proj.weight"]))
         if arch == "qwen2":
             out.append((b + "attn_v.bias", sd[p + "self_attn.v_proj.bias"]))
-        out += [(b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"]),
-                (b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]),
-                (b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"]),
-                (b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"]),
-                (b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])]
+        out += [
+            (b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"]),
+            (b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]),
+            (b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"]),
+            (b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"]),
+            (b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"]),
+        ]
     out.append(("output_norm.weight", sd["model.norm.weight"]))
     if not cfg.tie_word_embeddings:
         out.append(("output.weight", sd["lm_head.weight"]))
@@ -320,8 +349,7 @@ def write_gguf(path, name, arch, qtype_name, model, tokens, merges, permute=True
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
-    w.add_token_types([int(gguf.TokenType.CONTROL) if t in SPECIALS else int(gguf.TokenType.NORMAL)
-                       for t in tokens])
+    w.add_token_types([int(gguf.TokenType.CONTROL) if t in SPECIALS else int(gguf.TokenType.NORMAL) for t in tokens])
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -352,7 +380,8 @@ def rope_theta(cfg):
 
 def load_gguf(path: Path):
     return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager").eval()
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 @torch.no_grad()
@@ -365,36 +394,81 @@ def make_synthetic(report):
     vocab = len(tokens)
     print(f"tokenizer: {vocab} tokens, {len(merges)} merges")
     ids = np.random.default_rng(1234).integers(0, vocab, size=(2, SEQ)).astype(np.int32)
-    manifest = {"tokenizer": {"model": "gpt2", "pre": "gpt-2", "vocab": vocab, "bos_token_id": 1,
-                              "eos_token_id": 2, "pad_token_id": 0, "specials": SPECIALS},
-                "fixtures": []}
+    manifest = {
+        "tokenizer": {
+            "model": "gpt2",
+            "pre": "gpt-2",
+            "vocab": vocab,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+            "specials": SPECIALS,
+        },
+        "fixtures": [],
+    }
     for name, (arch, qname, size, tied, theta, seed) in FIXTURES.items():
         model = build_model(arch, size, vocab, tied, theta, seed)
         path = OUT / f"{name}.gguf"
         qerr = write_gguf(path, name, arch, qname, model, tokens, merges)
         loaded = load_gguf(path)
         lc = loaded.config
-        got = (lc.model_type, lc.hidden_size, lc.num_hidden_layers, lc.num_attention_heads, lc.num_key_value_heads,
-               lc.intermediate_size, lc.vocab_size, bool(lc.tie_word_embeddings), float(rope_theta(lc)),
-               float(np.float32(lc.rms_norm_eps)))
-        want = (arch, size["hidden"], size["layers"], size["heads"], size["kv_heads"], size["intermediate"], vocab,
-                tied, theta, float(np.float32(EPS)))
+        got = (
+            lc.model_type,
+            lc.hidden_size,
+            lc.num_hidden_layers,
+            lc.num_attention_heads,
+            lc.num_key_value_heads,
+            lc.intermediate_size,
+            lc.vocab_size,
+            bool(lc.tie_word_embeddings),
+            float(rope_theta(lc)),
+            float(np.float32(lc.rms_norm_eps)),
+        )
+        want = (
+            arch,
+            size["hidden"],
+            size["layers"],
+            size["heads"],
+            size["kv_heads"],
+            size["intermediate"],
+            vocab,
+            tied,
+            theta,
+            float(np.float32(EPS)),
+        )
         assert got == want, (name, got, want)
         logits = logits_of(loaded, ids)
         src = logits_of(model, ids)
         np.savez_compressed(OUT / f"{name}.npz", tokens=ids, logits=logits.astype(np.float32))
-        entry = {"name": name, "gguf": f"{name}.gguf", "npz": f"{name}.npz", "arch": arch, "quant": qname,
-                 "config": {"hidden": size["hidden"], "layers": size["layers"], "heads": size["heads"],
-                            "kv_heads": size["kv_heads"], "head_dim": size["hidden"] // size["heads"],
-                            "intermediate": size["intermediate"], "vocab": vocab, "tied": tied,
-                            "rope_theta": theta, "rms_eps": EPS, "context_length": CONTEXT,
-                            "qkv_bias": arch == "qwen2"}}
+        entry = {
+            "name": name,
+            "gguf": f"{name}.gguf",
+            "npz": f"{name}.npz",
+            "arch": arch,
+            "quant": qname,
+            "config": {
+                "hidden": size["hidden"],
+                "layers": size["layers"],
+                "heads": size["heads"],
+                "kv_heads": size["kv_heads"],
+                "head_dim": size["hidden"] // size["heads"],
+                "intermediate": size["intermediate"],
+                "vocab": vocab,
+                "tied": tied,
+                "rope_theta": theta,
+                "rms_eps": EPS,
+                "context_length": CONTEXT,
+                "qkv_bias": arch == "qwen2",
+            },
+        }
         manifest["fixtures"].append(entry)
-        line = (f"{name:12s} {qname:5s} {path.stat().st_size / 1e6:6.3f} MB  max|deq-w| {qerr:.2e}  "
-                f"max|logits - hf source| {np.abs(logits - src).max():.2e}  logit std {logits.std():.2f}")
+        line = (
+            f"{name:12s} {qname:5s} {path.stat().st_size / 1e6:6.3f} MB  max|deq-w| {qerr:.2e}  "
+            f"max|logits - hf source| {np.abs(logits - src).max():.2e}  logit std {logits.std():.2f}"
+        )
         print(line)
         report.append(line)
-        if name == "llama_f32":   # sanity: the q/k row permutation matters
+        if name == "llama_f32":  # sanity: the q/k row permutation matters
             with tempfile.TemporaryDirectory() as tmp:
                 raw = Path(tmp) / "unpermuted.gguf"
                 write_gguf(raw, name, arch, qname, model, tokens, merges, permute=False)
@@ -410,23 +484,128 @@ def make_synthetic(report):
 
 
 TRICKY = [
-    "", " ", "  ", "\t", "\n", "\n\n", " \n", "\r\n", "Hello", " Hello", "Hello world", "Hello, world!",
-    "hello   world", "hello\tworld", "hello\n\nworld", "  leading spaces", "trailing spaces   ", "\tTabbed line",
-    "don't", "Don't", "I'm", "we'll", "they've", "she'd", "it's", "you're", "DON'T SHOUT", "rock 'n' roll",
-    "12345", "3.14159", "1,000,000", "2024-05-01", "v1.2.3", "0x1F", "1e-5", "-42", "+7", "12:30pm",
-    "x  1", "a   42", "ab12cd", " 2024", "  2024", "100%", "$19.99", "3rd", "1st place", "i = i + 1",
-    "café", "naïve résumé", "Ångström", "straße", "ÉCOLE", "日本語のテキスト", "中文测试", "한국어", "Привет, мир",
-    "مرحبا", "שלום", "Ελληνικά", "emoji 🙂👍🏽", "🚀", "family 👨‍👩‍👧", "flags 🇫🇷🇯🇵", "math ∑∫√∞ ≤ ≥",
-    "arrows → ← ↔", "quotes “curly” ‘single’", "dash — en – hyphen -", "ellipsis…", "non\u00a0breaking",
-    "zero\u200bwidth", "combining e\u0301", "https://example.com/path?q=1&r=2#frag", "user@example.org",
-    "C:\\Users\\name\\file.txt", "/usr/local/bin/python3", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
-    "<|im_start|>user\nHi<|im_end|>", "text <|im_end|> more", "<|im_start|><|im_end|>", "<repo_name>jaxspec",
-    "<file_sep>", "<|im_start", "im_start|>", "<|unknown|>", "<div class=\"x\">Hi</div>", "{\"key\": [1, 2, 3]}",
-    "SELECT * FROM t WHERE id = 1;", "a\\nb", "'''triple'''", '"""doc"""', "#include <stdio.h>", "// comment",
-    "    return x", "        if x:\n            pass", "def f(a, b=2, *args, **kw):", "lambda x: x ** 2",
-    "print(f\"{x!r:>10}\")", "x += 1  # increment", "ALLCAPS", "camelCaseWord", "snake_case_word",
-    "kebab-case-word", "Mixed123Numbers456", "!!!", "???", "...", "---", "***", "___", "~~~", "@@@",
-    "a" * 40, "ab" * 20, " " * 17, "\n" * 5, "\t\t\t", " \t \t", "end.\n", "Q: What is 2+2?\nA: 4",
+    "",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\n\n",
+    " \n",
+    "\r\n",
+    "Hello",
+    " Hello",
+    "Hello world",
+    "Hello, world!",
+    "hello   world",
+    "hello\tworld",
+    "hello\n\nworld",
+    "  leading spaces",
+    "trailing spaces   ",
+    "\tTabbed line",
+    "don't",
+    "Don't",
+    "I'm",
+    "we'll",
+    "they've",
+    "she'd",
+    "it's",
+    "you're",
+    "DON'T SHOUT",
+    "rock 'n' roll",
+    "12345",
+    "3.14159",
+    "1,000,000",
+    "2024-05-01",
+    "v1.2.3",
+    "0x1F",
+    "1e-5",
+    "-42",
+    "+7",
+    "12:30pm",
+    "x  1",
+    "a   42",
+    "ab12cd",
+    " 2024",
+    "  2024",
+    "100%",
+    "$19.99",
+    "3rd",
+    "1st place",
+    "i = i + 1",
+    "café",
+    "naïve résumé",
+    "Ångström",
+    "straße",
+    "ÉCOLE",
+    "日本語のテキスト",
+    "中文测试",
+    "한국어",
+    "Привет, мир",
+    "مرحبا",
+    "שלום",
+    "Ελληνικά",
+    "emoji 🙂👍🏽",
+    "🚀",
+    "family 👨‍👩‍👧",
+    "flags 🇫🇷🇯🇵",
+    "math ∑∫√∞ ≤ ≥",
+    "arrows → ← ↔",
+    "quotes “curly” ‘single’",
+    "dash — en – hyphen -",
+    "ellipsis…",
+    "non\u00a0breaking",
+    "zero\u200bwidth",
+    "combining e\u0301",
+    "https://example.com/path?q=1&r=2#frag",
+    "user@example.org",
+    "C:\\Users\\name\\file.txt",
+    "/usr/local/bin/python3",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|im_start|>user\nHi<|im_end|>",
+    "text <|im_end|> more",
+    "<|im_start|><|im_end|>",
+    "<repo_name>jaxspec",
+    "<file_sep>",
+    "<|im_start",
+    "im_start|>",
+    "<|unknown|>",
+    '<div class="x">Hi</div>',
+    '{"key": [1, 2, 3]}',
+    "SELECT * FROM t WHERE id = 1;",
+    "a\\nb",
+    "'''triple'''",
+    '"""doc"""',
+    "#include <stdio.h>",
+    "// comment",
+    "    return x",
+    "        if x:\n            pass",
+    "def f(a, b=2, *args, **kw):",
+    "lambda x: x ** 2",
+    'print(f"{x!r:>10}")',
+    "x += 1  # increment",
+    "ALLCAPS",
+    "camelCaseWord",
+    "snake_case_word",
+    "kebab-case-word",
+    "Mixed123Numbers456",
+    "!!!",
+    "???",
+    "...",
+    "---",
+    "***",
+    "___",
+    "~~~",
+    "@@@",
+    "a" * 40,
+    "ab" * 20,
+    " " * 17,
+    "\n" * 5,
+    "\t\t\t",
+    " \t \t",
+    "end.\n",
+    "Q: What is 2+2?\nA: 4",
 ]
 
 
@@ -434,6 +613,7 @@ def stdlib_strings(n_lines=110, n_chunks=50, seed=0):
     import collections
     import json as json_mod
     import textwrap
+
     sources = [inspect.getsource(m) for m in (textwrap, json_mod.decoder, collections)]
     lines = [ln for src in sources for ln in src.splitlines() if ln.strip()]
     rng = np.random.default_rng(seed)
@@ -441,7 +621,7 @@ def stdlib_strings(n_lines=110, n_chunks=50, seed=0):
     chunks = []
     all_lines = [ln for src in sources for ln in src.splitlines()]
     for start in rng.choice(len(all_lines) - 8, n_chunks, replace=False):
-        chunks.append("\n".join(all_lines[start:start + int(rng.integers(2, 8))]))
+        chunks.append("\n".join(all_lines[start : start + int(rng.integers(2, 8))]))
     return picked + chunks
 
 
@@ -450,24 +630,35 @@ def number_strings(seed=1, n=36):
     out = []
     for i in range(n):
         k = int(rng.integers(1, 12))
-        num = str(int(rng.integers(10 ** (k - 1), 10 ** k)))
-        out.append([num, f" {num}", f"{num}.{int(rng.integers(0, 1000))}", f"the {num} items", f"x  {num}",
-                    f"=\t{num}\n"][i % 6])
+        num = str(int(rng.integers(10 ** (k - 1), 10**k)))
+        out.append(
+            [num, f" {num}", f"{num}.{int(rng.integers(0, 1000))}", f"the {num} items", f"x  {num}", f"=\t{num}\n"][
+                i % 6
+            ]
+        )
     return out
 
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are a terse assistant."},
-     {"role": "user", "content": "Write a haiku about the sea."}],
-    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help you today?"},
-     {"role": "user", "content": "Tell me a joke about numbers like 12345."}],
-    [{"role": "system", "content": "Answer in Python."}, {"role": "user", "content": "Sum a list."},
-     {"role": "assistant", "content": "def total(xs):\n    return sum(xs)"},
-     {"role": "user", "content": "Now without sum(), please  (two spaces)."}],
+    [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Write a haiku about the sea."},
+    ],
+    [
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello! How can I help you today?"},
+        {"role": "user", "content": "Tell me a joke about numbers like 12345."},
+    ],
+    [
+        {"role": "system", "content": "Answer in Python."},
+        {"role": "user", "content": "Sum a list."},
+        {"role": "assistant", "content": "def total(xs):\n    return sum(xs)"},
+        {"role": "user", "content": "Now without sum(), please  (two spaces)."},
+    ],
 ]
 
-LOGIT_PROMPTS = ["Hello", "Thanks"]    # one token each: 10 positions per prompt
+LOGIT_PROMPTS = ["Hello", "Thanks"]  # one token each: 10 positions per prompt
 
 
 def as_ids(x):
@@ -487,10 +678,14 @@ def make_smollm2(gguf_path: Path, report, bench: bool):
     # llama.cpp's "smollm" pre-tokenizer (and SmolLM2's own tokenizer.json) isolate every digit before the
     # GPT-2 split; transformers' GGUF tokenizer only applies the GPT-2 split. Emulate the former too.
     from tokenizers import Tokenizer, pre_tokenizers
+
     digits_first = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-    digits_first.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    digits_first.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     cases = []
     for s in strings:
         ids = tok.encode(s, add_special_tokens=False)
@@ -507,27 +702,39 @@ def make_smollm2(gguf_path: Path, report, bench: bool):
         chats.append({"messages": messages, "text": text, "ids": ids})
     digits = tok.convert_ids_to_tokens(tok.encode(" 12345 3.14159", add_special_tokens=False))
     data = {
-        "source": gguf_path.name, "transformers": transformers.__version__, "gguf": GGUF_VERSION,
-        "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
-        "unk_token_id": tok.unk_token_id, "vocab_size": len(tok), "chat_template": tok.chat_template,
+        "source": gguf_path.name,
+        "transformers": transformers.__version__,
+        "gguf": GGUF_VERSION,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+        "unk_token_id": tok.unk_token_id,
+        "vocab_size": len(tok),
+        "chat_template": tok.chat_template,
         "encode_kwargs": {"add_special_tokens": False},
-        "note": ("ids: transformers' GGUF tokenizer (GPT-2 split only). ids_digits_first, present only where it "
-                 "differs: the same vocabulary with every digit isolated before the GPT-2 split, as llama.cpp's "
-                 "'smollm' pre-tokenizer and SmolLM2's tokenizer.json do (emulated with tokenizers' Digits)."),
-        "strings": cases, "chat": chats,
+        "note": (
+            "ids: transformers' GGUF tokenizer (GPT-2 split only). ids_digits_first, present only where it "
+            "differs: the same vocabulary with every digit isolated before the GPT-2 split, as llama.cpp's "
+            "'smollm' pre-tokenizer and SmolLM2's tokenizer.json do (emulated with tokenizers' Digits)."
+        ),
+        "strings": cases,
+        "chat": chats,
     }
     (OUT / "smollm2_tokenization.json").write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n")
     bad = [c["text"] for c in cases if not c["roundtrip"]]
     diff = [c["text"] for c in cases if "ids_digits_first" in c]
-    line = (f"smollm2 tokenizer: {len(cases)} strings ({len(bad)} not round-tripping: {bad[:6]!r}; "
-            f"{len(diff)} differ with digits-first: {diff[:8]!r}); "
-            f"' 12345 3.14159' -> {digits}")
+    line = (
+        f"smollm2 tokenizer: {len(cases)} strings ({len(bad)} not round-tripping: {bad[:6]!r}; "
+        f"{len(diff)} differ with digits-first: {diff[:8]!r}); "
+        f"' 12345 3.14159' -> {digits}"
+    )
     print(line)
     report.append(line)
 
     t0 = time.perf_counter()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                              dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    ).eval()
     load_s = time.perf_counter() - t0
     arrays = {}
     for i, prompt in enumerate(LOGIT_PROMPTS):
@@ -537,9 +744,11 @@ def make_smollm2(gguf_path: Path, report, bench: bool):
         arrays[f"tokens{i}"] = ids
         arrays[f"logits{i}"] = logits_of(model, ids[None])[0].astype(np.float32)
     np.savez_compressed(OUT / "smollm2_logits.npz", **arrays)
-    line = (f"smollm2 logits: T={[len(arrays[f'tokens{i}']) for i in range(len(LOGIT_PROMPTS))]}, "
-            f"greedy next={[int(arrays[f'logits{i}'][-1].argmax()) for i in range(len(LOGIT_PROMPTS))]}, "
-            f"load {load_s:.1f}s ({torch.get_num_threads()} thread)")
+    line = (
+        f"smollm2 logits: T={[len(arrays[f'tokens{i}']) for i in range(len(LOGIT_PROMPTS))]}, "
+        f"greedy next={[int(arrays[f'logits{i}'][-1].argmax()) for i in range(len(LOGIT_PROMPTS))]}, "
+        f"load {load_s:.1f}s ({torch.get_num_threads()} thread)"
+    )
     print(line)
     report.append(line)
     if bench:
@@ -547,12 +756,14 @@ def make_smollm2(gguf_path: Path, report, bench: bool):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             with torch.no_grad():
-                model.generate(ids, max_new_tokens=8, do_sample=False)          # warm-up
+                model.generate(ids, max_new_tokens=8, do_sample=False)  # warm-up
                 t0 = time.perf_counter()
                 out = model.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False)
                 dt = time.perf_counter() - t0
             n = out.shape[1] - ids.shape[1]
-            line = f"smollm2 greedy bench: {threads} thread(s), prompt {ids.shape[1]}, {n} new tokens, {n / dt:.1f} tok/s"
+            line = (
+                f"smollm2 greedy bench: {threads} thread(s), prompt {ids.shape[1]}, {n} new tokens, {n / dt:.1f} tok/s"
+            )
             print(line)
             report.append(line)
         torch.set_num_threads(1)

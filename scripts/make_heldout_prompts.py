@@ -25,9 +25,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    files = [(n, p) for n, p in corpus.corpus_files(args.split)
-             if not n.startswith("stdlib/encodings/") and len(corpus.read_text(p)) > 2000
-             and args.category in ("all", "docs" if n.startswith("docs/") else "code")]
+    files = [
+        (n, p)
+        for n, p in corpus.corpus_files(args.split)
+        if not n.startswith("stdlib/encodings/")
+        and len(corpus.read_text(p)) > 2000
+        and args.category in ("all", "docs" if n.startswith("docs/") else "code")
+    ]
     picks = rng.choice(len(files), size=args.count, replace=args.count > len(files))
     with open(args.out, "w") as f:
         for i, k in enumerate(sorted(picks)):
@@ -36,8 +40,9 @@ def main():
             start = int(rng.integers(0, max(1, len(lines) - 10)))
             text = "".join(lines[start : start + 10])[:400]
             category = "docs" if name.startswith("docs/") else "code"
-            f.write(json.dumps({"id": f"{args.split}-{i:02d}", "category": category, "source": name,
-                                "prompt": text}) + "\n")
+            f.write(
+                json.dumps({"id": f"{args.split}-{i:02d}", "category": category, "source": name, "prompt": text}) + "\n"
+            )
     print(f"wrote {len(picks)} prompts to {args.out}")
 
 

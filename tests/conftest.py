@@ -8,8 +8,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from helpers import SMALL_DRAFT, VOCAB, tiny_config  # noqa: E402,F401  (tests import VOCAB/tiny_config from here)
 
-from helpers import VOCAB, SMALL_DRAFT, tiny_config  # noqa: E402,F401  (tests import VOCAB/tiny_config from here)
 from jaxspec.models import llama  # noqa: E402
 
 

@@ -36,8 +36,9 @@ def tiny_hf_tokenizer(text: str = "def f(x): return x + 1\n", vocab_size: int = 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=[])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<eos>"], show_progress=False, initial_alphabet=[]
+    )
     tok.train_from_iterator([text] * 50, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
@@ -48,7 +49,12 @@ SMALL_DRAFT = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads
 
 def tiny_config(**overrides) -> llama.LlamaConfig:
     base = dict(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
         init_std=0.15,
     )
     base.update(overrides)

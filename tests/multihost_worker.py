@@ -1,6 +1,6 @@
 """One process of the two-process test in test_sharding.py (not collected by pytest).
 
-    python tests/multihost_worker.py PROCESS_ID NUM_PROCESSES PORT OUT_JSON
+python tests/multihost_worker.py PROCESS_ID NUM_PROCESSES PORT OUT_JSON
 """
 
 import json
@@ -16,10 +16,11 @@ def main():
     pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid)
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    import jaxspec
     from helpers import SMALL_DRAFT, tiny_config
-    from jaxspec.models import llama
     from multihost_prompts import PROMPTS
+
+    import jaxspec
+    from jaxspec.models import llama
 
     target = llama.init(tiny_config(), seed=0, name="target")
     draft = llama.init(tiny_config(**SMALL_DRAFT), seed=2, name="small")
@@ -29,9 +30,18 @@ def main():
     greedy = jaxspec.generate(target, prompts, draft=draft, max_new_tokens=12, temperature=0.0, mesh=mesh)
     sampled = jaxspec.generate(target, prompts, draft=draft, max_new_tokens=12, temperature=1.0, seed=7, mesh=mesh)
     with open(out, "w") as f:
-        json.dump({"devices": jax.device_count(), "local_devices": jax.local_device_count(), "prompts": prompts,
-                   "mine": [mine.start, mine.stop], "greedy": greedy.tokens, "sampled": sampled.tokens,
-                   "alpha": greedy.stats.acceptance_rate}, f)
+        json.dump(
+            {
+                "devices": jax.device_count(),
+                "local_devices": jax.local_device_count(),
+                "prompts": prompts,
+                "mine": [mine.start, mine.stop],
+                "greedy": greedy.tokens,
+                "sampled": sampled.tokens,
+                "alpha": greedy.stats.acceptance_rate,
+            },
+            f,
+        )
     jax.distributed.shutdown()
 
 

@@ -35,8 +35,9 @@ CASES = {
 def test_case(name):
     draft, q, p, want_n, want_next = CASES[name]
     for seed in range(8):  # the outcome must not depend on the key
-        n, nxt = RejectionSampler().accept_row(jax.random.PRNGKey(seed), np.asarray(draft, np.int32),
-                                               np.stack(q), np.stack(p))
+        n, nxt = RejectionSampler().accept_row(
+            jax.random.PRNGKey(seed), np.asarray(draft, np.int32), np.stack(q), np.stack(p)
+        )
         assert (int(n), int(nxt)) == (want_n, want_next), f"{name}, seed {seed}"
 
 
@@ -69,6 +70,7 @@ def test_partial_acceptance_follows_the_uniform():
 
 def test_gamma_zero_is_plain_sampling():
     p = np.array([ONE[3]], np.float32)
-    n, nxt = RejectionSampler().accept_row(jax.random.PRNGKey(0), np.zeros((0,), np.int32),
-                                           np.zeros((0, 4), np.float32), p)
+    n, nxt = RejectionSampler().accept_row(
+        jax.random.PRNGKey(0), np.zeros((0,), np.int32), np.zeros((0, 4), np.float32), p
+    )
     assert (int(n), int(nxt)) == (0, 3)

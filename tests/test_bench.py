@@ -71,7 +71,9 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "quick.json"
     proc = subprocess.run(
         [sys.executable, "-m", "jaxspec.bench", "--quick", "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout, json.loads(out.read_text())
@@ -125,9 +127,25 @@ def test_mesh_mode_end_to_end(tmp_path):
     """``--mesh`` on 4 simulated devices: per-device bytes shrink as the mesh splits them, tokens unchanged."""
     out = tmp_path / "mesh.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxspec.bench", "--quick", "--mesh", "1x4,4x1", "--devices", "4", "--repeats", "1",
-         "--mesh-batch", "4", "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "jaxspec.bench",
+            "--quick",
+            "--mesh",
+            "1x4,4x1",
+            "--devices",
+            "4",
+            "--repeats",
+            "1",
+            "--mesh-batch",
+            "4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())

@@ -6,14 +6,15 @@ import os
 import jax
 import numpy as np
 import pytest
+from helpers import tiny_hf_tokenizer
 
 import jaxspec
 from jaxspec import checkpoint
-from helpers import tiny_hf_tokenizer
 from jaxspec.models import llama
 
-CFG = llama.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                        num_kv_heads=2, init_std=0.2)
+CFG = llama.LlamaConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, init_std=0.2
+)
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers import tiny_config, tiny_hf_tokenizer
 
 import jaxspec
-from helpers import tiny_config, tiny_hf_tokenizer
 from jaxspec import cli
 from jaxspec.models import llama
 
@@ -29,20 +29,30 @@ WORDS = ["def", "f(x):", "return", "x", "+ 1", "ret", "urn", "(x)"]
 def pair(tmp_path_factory):
     """A tiny target and a perturbed copy as draft (0 < α < 1), saved as jaxspec directories, and loaded back."""
     tok = tiny_hf_tokenizer()
-    target = llama.init(tiny_config(vocab_size=64), seed=0, tokenizer=tok, eos_token_id=tok.eos_token_id,
-                        name="target")
+    target = llama.init(tiny_config(vocab_size=64), seed=0, tokenizer=tok, eos_token_id=tok.eos_token_id, name="target")
     leaves, tree = jax.tree.flatten(target.params)
     rng = np.random.default_rng(3)
-    draft = target.replace(name="draft", params=jax.tree.unflatten(
-        tree, [x + 0.01 * rng.standard_normal(x.shape).astype(x.dtype) for x in leaves]))
+    draft = target.replace(
+        name="draft",
+        params=jax.tree.unflatten(tree, [x + 0.01 * rng.standard_normal(x.shape).astype(x.dtype) for x in leaves]),
+    )
     root = tmp_path_factory.mktemp("models")
     tdir, ddir = jaxspec.save(target, root / "target"), jaxspec.save(draft, root / "draft")
     return {"target_dir": str(tdir), "draft_dir": str(ddir), "target": jaxspec.load(tdir), "draft": jaxspec.load(ddir)}
 
 
 def models(pair, max_new=MAX_NEW):
-    return ["--target", pair["target_dir"], "--draft", pair["draft_dir"], "--max-new-tokens", str(max_new),
-            "--temperature", "0", "--no-progress"]
+    return [
+        "--target",
+        pair["target_dir"],
+        "--draft",
+        pair["draft_dir"],
+        "--max-new-tokens",
+        str(max_new),
+        "--temperature",
+        "0",
+        "--no-progress",
+    ]
 
 
 def prompt(i: int) -> str:
@@ -67,8 +77,9 @@ def expected(pair, prompts):
     """Greedy speculative output for each prompt, generated in pairs (greedy rows do not depend on their batch)."""
     out = []
     for i in range(0, len(prompts), 2):
-        res = jaxspec.generate(pair["target"], prompts[i:i + 2], draft=pair["draft"], gamma=4,
-                               max_new_tokens=MAX_NEW, temperature=0.0)
+        res = jaxspec.generate(
+            pair["target"], prompts[i : i + 2], draft=pair["draft"], gamma=4, max_new_tokens=MAX_NEW, temperature=0.0
+        )
         out += list(zip(res.tokens, res.texts))
     return out
 
@@ -107,15 +118,18 @@ def test_distill_missing_is_a_clear_error(monkeypatch, capsys):
     assert "distill" in one_error_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["generate"], "prompt"),
-    (["generate", "x", "--gamma", "0"], "--gamma"),
-    (["generate", "x", "--top-p", "1.5"], "--top-p"),
-    (["generate", "--input", "in.jsonl"], "--output"),
-    (["generate", "x", "--draft", "none", "--compare"], "--compare"),
-    (["generate", "x", "--target", "/nonexistent/model"], "--target"),
-    (["nonsense"], "nonsense"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["generate"], "prompt"),
+        (["generate", "x", "--gamma", "0"], "--gamma"),
+        (["generate", "x", "--top-p", "1.5"], "--top-p"),
+        (["generate", "--input", "in.jsonl"], "--output"),
+        (["generate", "x", "--draft", "none", "--compare"], "--compare"),
+        (["generate", "x", "--target", "/nonexistent/model"], "--target"),
+        (["nonsense"], "nonsense"),
+    ],
+)
 def test_bad_usage_is_one_line_and_exit_2(argv, needle, capsys, no_models):
     assert cli.main(argv) == 2
     assert needle in one_error_line(capsys.readouterr().err)
@@ -142,8 +156,9 @@ def test_single_prompt_streams_the_generated_text(pair, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", Recorder())
     assert cli.main(["generate", "def f(x):", *models(pair)]) == 0
     monkeypatch.setattr(sys, "stdout", real)
-    want = jaxspec.generate(pair["target"], ["def f(x):"], draft=pair["draft"], gamma=4, max_new_tokens=MAX_NEW,
-                            temperature=0.0).texts[0]
+    want = jaxspec.generate(
+        pair["target"], ["def f(x):"], draft=pair["draft"], gamma=4, max_new_tokens=MAX_NEW, temperature=0.0
+    ).texts[0]
     assert "".join(pieces) == want and want
     assert len([p for p in pieces if p]) >= 2  # written as rounds finished, not once at the end
     err = capsys.readouterr().err
@@ -196,8 +211,24 @@ def test_compare_measures_speedup_and_plot_writes_png(pair, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     inp, _ = mixed_input(tmp_path / "in.jsonl", n=4)
     out, png = tmp_path / "out.jsonl", tmp_path / "acc.png"
-    assert cli.main(["generate", "--input", inp, "--output", str(out), "--batch-size", "2", "--compare",
-                     "--plot", str(png), *models(pair)]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "--input",
+                inp,
+                "--output",
+                str(out),
+                "--batch-size",
+                "2",
+                "--compare",
+                "--plot",
+                str(png),
+                *models(pair),
+            ]
+        )
+        == 0
+    )
     records = read_records(out)
     assert all(r["plain_wall_time"] > 0 and r["plain_new_tokens"] == r["new_tokens"] for r in records)
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
@@ -206,8 +237,9 @@ def test_compare_measures_speedup_and_plot_writes_png(pair, tmp_path, capsys):
 
 
 def test_malformed_lines_fail_before_anything_runs(tmp_path, capsys, no_models):
-    inp = write_jsonl(tmp_path / "in.jsonl", [
-        {"id": 1, "prompt": "def"}, "{not json", [1, 2], {"id": 4}, {"id": 5, "prompt": "x"}])
+    inp = write_jsonl(
+        tmp_path / "in.jsonl", [{"id": 1, "prompt": "def"}, "{not json", [1, 2], {"id": 4}, {"id": 5, "prompt": "x"}]
+    )
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": "earlier", "text": "kept"}\n')
     before = out.read_bytes()
@@ -218,8 +250,10 @@ def test_malformed_lines_fail_before_anything_runs(tmp_path, capsys, no_models):
 
 
 def test_duplicate_ids_name_both_lines(tmp_path, capsys, no_models):
-    inp = write_jsonl(tmp_path / "in.jsonl", [
-        {"id": "a", "prompt": "def"}, {"id": "b", "prompt": "x"}, {"question_id": "a", "turns": ["x"]}])
+    inp = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"id": "a", "prompt": "def"}, {"id": "b", "prompt": "x"}, {"question_id": "a", "turns": ["x"]}],
+    )
     assert cli.main(["generate", "--input", inp, "--output", str(tmp_path / "o.jsonl")]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "line 3" in line and "duplicate id 'a'" in line and "line 1" in line
@@ -227,8 +261,10 @@ def test_duplicate_ids_name_both_lines(tmp_path, capsys, no_models):
 
 
 def test_malformed_lines_skipped_with_warnings(pair, tmp_path, capsys):
-    inp = write_jsonl(tmp_path / "in.jsonl", [
-        {"id": 1, "prompt": prompt(1)}, "{not json", {"id": 1, "prompt": "dup"}, {"id": 2, "prompt": prompt(2)}])
+    inp = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"id": 1, "prompt": prompt(1)}, "{not json", {"id": 1, "prompt": "dup"}, {"id": 2, "prompt": prompt(2)}],
+    )
     out = tmp_path / "out.jsonl"
     argv = ["generate", "--input", inp, "--output", str(out), "--batch-size", "2", "--on-error", "skip"]
     assert cli.main([*argv, *models(pair)]) == 0
@@ -296,8 +332,21 @@ def test_partial_trailing_line_is_repaired_and_the_row_regenerated(pair, tmp_pat
 def test_rerun_of_a_finished_job_generates_nothing(pair, tmp_path, capsys, monkeypatch):
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "only", "prompt": "def", "category": "c"}])
     out = tmp_path / "out.jsonl"
-    out.write_text(json.dumps({"id": "only", "category": "c", "new_tokens": 3, "rounds": 2, "drafted": 8,
-                               "accepted": 1, "wall_time": 0.5, "accept_hist": [1, 1, 0, 0, 0]}) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "id": "only",
+                "category": "c",
+                "new_tokens": 3,
+                "rounds": 2,
+                "drafted": 8,
+                "accepted": 1,
+                "wall_time": 0.5,
+                "accept_hist": [1, 1, 0, 0, 0],
+            }
+        )
+        + "\n"
+    )
     for name in ("load", "generate"):
         monkeypatch.setattr(jaxspec, name, lambda *a, **k: pytest.fail("nothing should be generated"))
     assert cli.main(["generate", "--input", inp, "--output", str(out), *models(pair)]) == 0
@@ -319,13 +368,18 @@ def test_sampled_rows_do_not_depend_on_their_batch(pair, tmp_path):
 
 def test_killed_job_resumes_with_every_id_exactly_once(pair, tmp_path):
     n = 40
-    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"q{i}", "prompt": prompt(i), "category": f"c{i % 3}"}
-                                              for i in range(n)])
+    inp = write_jsonl(
+        tmp_path / "in.jsonl", [{"id": f"q{i}", "prompt": prompt(i), "category": f"c{i % 3}"} for i in range(n)]
+    )
     out, clean = tmp_path / "out.jsonl", tmp_path / "clean.jsonl"
     argv = ["generate", "--input", inp, "--batch-size", "2", *models(pair, max_new=24)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "JAX_PLATFORMS": "cpu",
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
     cmd = [sys.executable, "-m", "jaxspec.cli", *argv, "--output", str(out)]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120

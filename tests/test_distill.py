@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import SMALL_DRAFT, VOCAB, count_compiles, tiny_config
 
 import jaxspec
-from helpers import SMALL_DRAFT, VOCAB, count_compiles, tiny_config
 from jaxspec.models import llama
 
 D = importlib.import_module("jaxspec.distill")  # the module, even if the package re-exports the function
@@ -32,8 +32,9 @@ def _bigram_cache(batch, length):
 def _bigram(seed, scale=3.0, name="bigram"):
     """A random bigram model with peaked rows: cheap to compile, and learnable by a small Llama."""
     table = jnp.asarray(np.random.default_rng(seed).standard_normal((VOCAB, VOCAB)) * scale, jnp.float32)
-    return jaxspec.CausalLM(apply_fn=_bigram_apply, params={"table": table}, init_cache=_bigram_cache,
-                            vocab_size=VOCAB, name=name)
+    return jaxspec.CausalLM(
+        apply_fn=_bigram_apply, params={"table": table}, init_cache=_bigram_cache, vocab_size=VOCAB, name=name
+    )
 
 
 def _same(a, b):
@@ -44,8 +45,18 @@ def test_distillation_improves_alpha(tmp_path, small_draft):
     """A learnable synthetic target (a random bigram table, peaked rows) and the small Llama draft: 30 steps of
     forward KL on the target's samples lift greedy α from ~0 to ~0.4 and α at temperature 1 about threefold."""
     target = _bigram(0)
-    result = D.distill(target, small_draft, _prompts(40), out_dir=tmp_path, steps=30, batch_size=8,
-                       max_new_tokens=24, learning_rate=1e-2, loss="fkl", progress=False)
+    result = D.distill(
+        target,
+        small_draft,
+        _prompts(40),
+        out_dir=tmp_path,
+        steps=30,
+        batch_size=8,
+        max_new_tokens=24,
+        learning_rate=1e-2,
+        loss="fkl",
+        progress=False,
+    )
     print(f"alpha before {result.alpha_before}, after {result.alpha_after}, loss {result.loss:.3f}")
     # observed: greedy 0.003 -> 0.401, t1 0.057 -> 0.177
     assert result.alpha_after["greedy"] > result.alpha_before["greedy"] + 0.25
@@ -63,8 +74,17 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, small_draft, monkeypatch)
     target = _bigram(0)
     path = tmp_path / "prompts.jsonl"  # also exercises JSONL prompts given as token ids
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in _prompts(40)))
-    kw = dict(steps=4, batch_size=8, max_new_tokens=24, checkpoint_every=2, log_every=1, on_policy=0.5,
-              learning_rate=1e-2, seed=3, progress=False)
+    kw = dict(
+        steps=4,
+        batch_size=8,
+        max_new_tokens=24,
+        checkpoint_every=2,
+        log_every=1,
+        on_policy=0.5,
+        learning_rate=1e-2,
+        seed=3,
+        progress=False,
+    )
     straight = D.distill(target, small_draft, path, out_dir=tmp_path / "a", **kw)
 
     original = D._batch_at
@@ -122,16 +142,16 @@ def test_losses_are_divergences_and_each_goes_down():
         np.testing.assert_allclose(D.divergence(kind, a, a, 0.7), 0.0, atol=1e-6)
 
     target, draft = _bigram(0), _bigram(1, scale=1.0, name="draft")
-    tokens, mask = D._batch_at(target, draft, _prompts(4), 0, seed=0, batch_size=4, on_policy=0.0,
-                               max_new_tokens=8, temperature=1.0)
+    tokens, mask = D._batch_at(
+        target, draft, _prompts(4), 0, seed=0, batch_size=4, on_policy=0.0, max_new_tokens=8, temperature=1.0
+    )
     schedule = jnp.asarray([0.2, 0, 10], jnp.float32)  # learning rate, warmup, steps
     for kind in D.LOSSES:
         step = D.train_step_fn((target.apply_fn, target.init_cache), (draft.apply_fn, draft.init_cache), kind)
         params, opt_state = draft.params, D.optimizer(*schedule).init(draft.params)
         losses = []
         for _ in range(6):
-            params, opt_state, loss = step(params, opt_state, target.params, tokens, mask, jnp.float32(1.0),
-                                           schedule)
+            params, opt_state, loss = step(params, opt_state, target.params, tokens, mask, jnp.float32(1.0), schedule)
             losses.append(float(loss))
         print(kind, [round(x, 4) for x in losses])
         assert np.isfinite(losses).all() and np.all(np.diff(losses) < 0) and losses[-1] < 0.85 * losses[0]
@@ -177,8 +197,9 @@ def test_bad_input_fails_before_compiling(tmp_path, target, small_draft, kwargs,
 
 def test_jsonl_prompts(tmp_path, target, small_draft):
     path = tmp_path / "p.jsonl"
-    path.write_text('{"prompt": "hello"}\n\n{"turns": ["first turn", "second"], "question_id": 3}\n'
-                    '{"prompt": [1, 2, 3]}\n')
+    path.write_text(
+        '{"prompt": "hello"}\n\n{"turns": ["first turn", "second"], "question_id": 3}\n{"prompt": [1, 2, 3]}\n'
+    )
     assert D.read_prompts(path) == ["hello", "first turn", [1, 2, 3]]
 
     path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"\n')
@@ -207,11 +228,37 @@ def test_cli_distills_and_saves_the_draft(tmp_path, small_draft, capsys):
     jaxspec.save(small_draft, tmp_path / "draft")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"turns": [p]}) + "\n" for p in _prompts(40)))
-    result = D.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompts",
-                     str(prompts), "--out", str(tmp_path / "run"), "--steps", "4", "--batch-size", "8",
-                     "--max-new-tokens", "24", "--loss", "tvd", "--on-policy", "0.5", "--learning-rate", "1e-2",
-                     "--seed", "3", "--checkpoint-every", "2", "--no-progress",
-                     "--save-draft", str(tmp_path / "distilled")])
+    result = D.main(
+        [
+            "--target",
+            str(tmp_path / "target"),
+            "--draft",
+            str(tmp_path / "draft"),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "4",
+            "--batch-size",
+            "8",
+            "--max-new-tokens",
+            "24",
+            "--loss",
+            "tvd",
+            "--on-policy",
+            "0.5",
+            "--learning-rate",
+            "1e-2",
+            "--seed",
+            "3",
+            "--checkpoint-every",
+            "2",
+            "--no-progress",
+            "--save-draft",
+            str(tmp_path / "distilled"),
+        ]
+    )
     out = capsys.readouterr().out
     assert "alpha greedy:" in out and "alpha t1:" in out and "steps 4" in out
     saved = jaxspec.load(tmp_path / "distilled")
@@ -226,9 +273,9 @@ def test_prompt_weight_marks_the_prompt_positions():
     same, mask = D._batch_at(target, draft, prompts, 2, prompt_weight=0.25, **kw)
     assert np.array_equal(tokens, same)
     assert np.all(mask[plain_mask == 1] == 1)  # generated positions keep weight 1
-    inside = (mask == 0.25)
+    inside = mask == 0.25
     assert inside.any() and not np.any(plain_mask[inside])  # the prompt's own positions, new in the loss
-    for row, m in zip(tokens, mask):
+    for m in mask:
         first_generated = int(np.argmax(m == 1))
         assert np.all(m[:first_generated] == 0.25)  # every position that predicts a prompt token
     with pytest.raises(ValueError, match="prompt_weight must be a finite number >= 0"):

@@ -5,9 +5,9 @@ import json
 import jax
 import numpy as np
 import pytest
+from helpers import tiny_config
 
 import jaxspec
-from helpers import tiny_config
 from jaxspec import distill_offline as d
 from jaxspec.models import llama
 
@@ -72,7 +72,7 @@ def test_training_fits_the_targets_outputs_and_resumes_exactly(tmp_path, target,
         ok = n = 0
         for p, o in records[:8]:
             logits = np.asarray(model.logits(np.asarray([p + o])))[0]
-            pred = logits[len(p) - 1: len(p) + len(o) - 1].argmax(-1)
+            pred = logits[len(p) - 1 : len(p) + len(o) - 1].argmax(-1)
             ok, n = ok + int((pred == np.asarray(o)).sum()), n + len(o)
         return ok / n
 
@@ -105,8 +105,12 @@ def test_bad_data_is_a_clear_error(tmp_path, target):
         d.read_data(bad)
     bad.write_text(json.dumps({"prompt_ids": [1, 10**6], "output_ids": []}) + "\n")
     with pytest.raises(ValueError, match="outside the draft's vocabulary"):
-        d.distill_offline(d.new_draft(target, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1), bad,
-                          out_dir=tmp_path / "o", steps=1)
+        d.distill_offline(
+            d.new_draft(target, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1),
+            bad,
+            out_dir=tmp_path / "o",
+            steps=1,
+        )
 
 
 @pytest.mark.parametrize("spec", ["hidden=32,layers=1,heads=2,kv_heads=1", "target_layers=1,vocab=30"])
@@ -114,9 +118,25 @@ def test_cli_offline_distills_a_new_draft_and_saves_it(tmp_path, target, data, c
     from jaxspec.distill import main
 
     jaxspec.save(target, tmp_path / "target")
-    main(["--target", str(tmp_path / "target"), "--new-draft", spec,
-          "--data", str(data), "--out", str(tmp_path / "run"), "--steps", "4", "--batch-size", "4",
-          "--save-draft", str(tmp_path / "draft"), "--no-progress"])
+    main(
+        [
+            "--target",
+            str(tmp_path / "target"),
+            "--new-draft",
+            spec,
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--save-draft",
+            str(tmp_path / "draft"),
+            "--no-progress",
+        ]
+    )
     assert "final loss" in capsys.readouterr().out
     draft = jaxspec.load(tmp_path / "draft")
     assert draft.vocab_size == target.vocab_size

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from helpers import count_compiles
 
 import jaxspec
 from jaxspec.drafters import PromptLookup
-from helpers import count_compiles
 
 
 def reference_propose(row: list[int], length: int, gamma: int, max_n: int, min_n: int) -> list[int]:

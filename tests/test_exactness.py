@@ -46,11 +46,21 @@ MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are merged
 BOUNDARY_MARGIN = 1e-4  # top-k / top-p decisions must not sit this close to their thresholds
 
 TARGET_CONFIG = llama.LlamaConfig(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
     init_std=0.3,
 )
 DRAFT_CONFIG = llama.LlamaConfig(
-    vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=2,
+    vocab_size=VOCAB,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=2,
     init_std=0.3,
 )
 
@@ -234,8 +244,16 @@ def run_and_test(target, draft, ctx_logits, *, gamma, temperature, top_k, top_p,
     probs = exact_distribution(ctx_logits, temperature, top_k, top_p)
     kwargs = {} if acceptance is None else {"acceptance": acceptance}
     result = jaxspec.generate(
-        target, [PROMPT] * NUM_SAMPLES, draft=draft, gamma=gamma, max_new_tokens=NEW_TOKENS,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **kwargs,
+        target,
+        [PROMPT] * NUM_SAMPLES,
+        draft=draft,
+        gamma=gamma,
+        max_new_tokens=NEW_TOKENS,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        **kwargs,
     )
     assert set(result.finish_reasons) == {"length"}
     counts = counts_of(result.tokens)
@@ -394,7 +412,14 @@ class ResampleFromTarget(RejectionSampler):
 def test_negative_control_wrong_residual_is_rejected(target, draft, target_logits, gamma):
     """The same goodness-of-fit test must catch a wrong acceptance rule, and not by a narrow margin."""
     p_value, result, _, _ = run_and_test(
-        target, draft, target_logits, gamma=gamma, temperature=1.0, top_k=None, top_p=None, seed=2024 + gamma,
+        target,
+        draft,
+        target_logits,
+        gamma=gamma,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=2024 + gamma,
         acceptance=ResampleFromTarget(),
     )
     assert 0.05 < result.stats.acceptance_rate < 0.95
@@ -413,7 +438,13 @@ def test_negative_control_wrong_residual_is_rejected(target, draft, target_logit
 def test_prompt_lookup_sampling_is_exact(target, target_logits, setting, gamma):
     temperature, top_k, top_p = SETTINGS[setting]
     p_value, result, probs, counts = run_and_test(
-        target, "prompt_lookup", target_logits, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+        target,
+        "prompt_lookup",
+        target_logits,
+        gamma=gamma,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
         seed=5000 + gamma,
     )
     assert counts[probs == 0].sum() == 0
@@ -424,7 +455,14 @@ def test_prompt_lookup_sampling_is_exact(target, target_logits, setting, gamma):
 @pytest.mark.slow
 def test_negative_control_prompt_lookup_wrong_residual(target, target_logits):
     p_value, result, _, _ = run_and_test(
-        target, "prompt_lookup", target_logits, gamma=1, temperature=1.0, top_k=None, top_p=None, seed=4242,
+        target,
+        "prompt_lookup",
+        target_logits,
+        gamma=1,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=4242,
         acceptance=ResampleFromTarget(),
     )
     assert 0.05 < result.stats.acceptance_rate < 0.95
@@ -456,7 +494,13 @@ def test_reduced_draft_never_gives_mass_outside_its_ids(reduced_draft, target_lo
 def test_reduced_vocabulary_draft_sampling_is_exact(target, reduced_draft, target_logits, setting, gamma):
     temperature, top_k, top_p = SETTINGS[setting]
     p_value, result, probs, counts = run_and_test(
-        target, reduced_draft, target_logits, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+        target,
+        reduced_draft,
+        target_logits,
+        gamma=gamma,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
         seed=7000 + gamma,
     )
     assert counts[probs == 0].sum() == 0
@@ -467,7 +511,14 @@ def test_reduced_vocabulary_draft_sampling_is_exact(target, reduced_draft, targe
 @pytest.mark.slow
 def test_negative_control_reduced_vocabulary_wrong_residual_is_rejected(target, reduced_draft, target_logits):
     p_value, result, _, _ = run_and_test(
-        target, reduced_draft, target_logits, gamma=3, temperature=1.0, top_k=None, top_p=None, seed=7100,
+        target,
+        reduced_draft,
+        target_logits,
+        gamma=3,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=7100,
         acceptance=ResampleFromTarget(),
     )
     assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"

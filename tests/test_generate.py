@@ -3,10 +3,10 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jaxspec
 from conftest import VOCAB, tiny_config
 from helpers import count_compiles
+
+import jaxspec
 from jaxspec.models import llama
 
 
@@ -48,8 +48,13 @@ def test_bad_arguments_raise_before_compiling(target, small_draft, kwargs, name)
 
 @pytest.mark.parametrize(
     "prompts,match",
-    [([[1, 2], []], r"prompts\[1\] is empty"), ([[1, VOCAB]], r"prompts\[0\].*outside the vocabulary"),
-     ([], "prompts"), (["hello"], r"prompts\[0\] is a string"), ([[1.5, 2]], r"prompts\[0\]")],
+    [
+        ([[1, 2], []], r"prompts\[1\] is empty"),
+        ([[1, VOCAB]], r"prompts\[0\].*outside the vocabulary"),
+        ([], "prompts"),
+        (["hello"], r"prompts\[0\] is a string"),
+        ([[1.5, 2]], r"prompts\[0\]"),
+    ],
 )
 def test_bad_prompts(target, prompts, match):
     with count_compiles() as counts, pytest.raises(ValueError, match=match):
@@ -127,11 +132,18 @@ def test_strings_in_texts_out(target, small_draft):
     model = target.replace(tokenizer=CharTokenizer())
     res = jaxspec.generate(model, ["hello there", "hi"], draft=small_draft, max_new_tokens=6, temperature=0.0)
     assert res.texts == [CharTokenizer().decode(t) for t in res.tokens]
-    ids = jaxspec.generate(model, [CharTokenizer().encode("hello there"), CharTokenizer().encode("hi")],
-                           draft=small_draft, max_new_tokens=6, temperature=0.0)
+    ids = jaxspec.generate(
+        model,
+        [CharTokenizer().encode("hello there"), CharTokenizer().encode("hi")],
+        draft=small_draft,
+        max_new_tokens=6,
+        temperature=0.0,
+    )
     assert ids.tokens == res.tokens
-    streamed = "".join(step.texts[1] for step in jaxspec.stream(model, ["hello there", "hi"], draft=small_draft,
-                                                                max_new_tokens=6, temperature=0.0))
+    streamed = "".join(
+        step.texts[1]
+        for step in jaxspec.stream(model, ["hello there", "hi"], draft=small_draft, max_new_tokens=6, temperature=0.0)
+    )
     assert streamed == res.texts[1]
 
 
@@ -169,8 +181,9 @@ def test_draft_tokenizer_must_match(target, small_draft):
     from helpers import tiny_hf_tokenizer
 
     tok = tiny_hf_tokenizer()
-    same = jaxspec.generate(target.replace(tokenizer=tok), ["def f"], draft=small_draft.replace(tokenizer=tok),
-                            max_new_tokens=3)
+    same = jaxspec.generate(
+        target.replace(tokenizer=tok), ["def f"], draft=small_draft.replace(tokenizer=tok), max_new_tokens=3
+    )
     assert len(same.tokens[0]) == 3
     other = tiny_hf_tokenizer("print('hello world')\n")
     with count_compiles() as counts, pytest.raises(ValueError, match="draft tokenizer .* not compatible"):
@@ -184,7 +197,9 @@ def test_chat_template(target):
     tok = tiny_hf_tokenizer()
     with pytest.raises(ValueError, match="no chat template"):
         jaxspec.generate(target.replace(tokenizer=tok), ["def f"], chat=True)
-    tok.chat_template = "{% for m in messages %}<eos>{{ m['content'] }}<eos>{% endfor %}{% if add_generation_prompt %}def{% endif %}"
+    tok.chat_template = (
+        "{% for m in messages %}<eos>{{ m['content'] }}<eos>{% endfor %}{% if add_generation_prompt %}def{% endif %}"
+    )
     model = target.replace(tokenizer=tok)
     chat = jaxspec.generate(model, ["x + 1"], chat=True, max_new_tokens=4, temperature=0.0)
     expected_prompt = tok.encode("<eos>x + 1<eos>def")

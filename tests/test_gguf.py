@@ -32,18 +32,30 @@ def test_logits_match_transformers(name):
     model = jaxspec.load(_fixture(name), "float32", tokenizer=False)
     data = _expected(name)
     logits = np.asarray(model.logits(data["tokens"]))
-    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()),
-                               rtol=1e-4)
+    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", TINY)
 def test_config_from_metadata(name):
     want = MANIFEST[name]["config"]
     cfg = jaxspec.load(_fixture(name), tokenizer=False).config
-    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
-            cfg.vocab_size, cfg.tie_embeddings) == (want["hidden"], want["layers"], want["heads"],
-                                                    want["kv_heads"], want["intermediate"], want["vocab"],
-                                                    want["tied"])
+    assert (
+        cfg.hidden_size,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        cfg.tie_embeddings,
+    ) == (
+        want["hidden"],
+        want["layers"],
+        want["heads"],
+        want["kv_heads"],
+        want["intermediate"],
+        want["vocab"],
+        want["tied"],
+    )
     assert cfg.rope_theta == pytest.approx(want["rope_theta"])
     assert cfg.rms_norm_eps == pytest.approx(want["rms_eps"], rel=1e-6)
     assert cfg.head_dim == want["head_dim"] and cfg.qkv_bias == want["qkv_bias"]
@@ -212,10 +224,17 @@ def test_real_pair_greedy_speculative_equals_plain_on_humaneval_prompts(smollm2)
 def test_tokenizer_from_metadata_with_bos_and_chat_template(tmp_path):
     """A GGUF tokenizer asking for BOS gets it on encode (as llama.cpp does); control tokens stay whole."""
     tokens = ["<s>", "</s>", "<|user|>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ", "ab"]
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3), "tokenizer.ggml.merges": ["a b"],
-            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
-            "tokenizer.ggml.add_bos_token": True, "tokenizer.chat_template": "{{ messages[0]['content'] }}"}
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3),
+        "tokenizer.ggml.merges": ["a b"],
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.chat_template": "{{ messages[0]['content'] }}",
+    }
     tok = gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
     ab = tokens.index("ab")
     assert tok.encode("ab<|user|>c") == [0, ab, 2, tokens.index("c")]
@@ -234,6 +253,5 @@ def test_cli_converts_a_gguf_file_to_a_jaxspec_checkpoint(tmp_path, capsys):
     assert cli.main(["convert", str(_fixture(name)), str(tmp_path / "out")]) == 0
     data = _expected(name)
     logits = np.asarray(jaxspec.load(tmp_path / "out").logits(data["tokens"]))
-    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()),
-                               rtol=1e-4)
+    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
     assert cli.main(["convert", str(tmp_path / "missing.gguf"), str(tmp_path / "o2")]) == 2

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_model import _decode_in_chunks
 
 import jaxspec
 from jaxspec.models import rope
-from test_model import _decode_in_chunks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").exists())
@@ -83,7 +83,12 @@ def test_config_mapping():
     assert _load(SHARDED).config.rope_type == "linear"
     g = _load("gemma_gqa_tied").config
     assert (g.norm_offset, g.embed_scale, g.mlp_activation, g.tie_embeddings, g.head_dim) == (
-        1.0, True, "gelu_tanh", True, 16)
+        1.0,
+        True,
+        "gelu_tanh",
+        True,
+        16,
+    )
     assert (l3.norm_offset, l3.embed_scale, l3.mlp_activation) == (0.0, False, "silu")
     assert "lm_head" not in _load("gemma_gqa_tied").params
 
@@ -92,10 +97,17 @@ def test_gpt2_config_and_variants(tmp_path):
     model = _load("gpt2_tied")
     c = model.config
     assert (c.hidden_size, c.num_layers, c.num_heads, c.intermediate_size, c.max_positions, c.activation) == (
-        32, 2, 4, 64, 128, "gelu_tanh")
+        32,
+        2,
+        4,
+        64,
+        128,
+        "gelu_tanh",
+    )
     assert set(model.params) == {"wte", "wpe", "layers", "ln_f"} and model.eos_token_id == 2
-    for i, changes in enumerate([dict(activation_function="relu"), dict(scale_attn_by_inverse_layer_idx=True),
-                                 dict(tie_word_embeddings=False)]):
+    for i, changes in enumerate(
+        [dict(activation_function="relu"), dict(scale_attn_by_inverse_layer_idx=True), dict(tie_word_embeddings=False)]
+    ):
         path = _copy("gpt2_tied", tmp_path / str(i))
         _edit_config(path, **changes)
         with pytest.raises(ValueError, match="not supported for gpt2"):
@@ -105,13 +117,15 @@ def test_gpt2_config_and_variants(tmp_path):
 def test_gemma_activation_spellings(tmp_path):
     """Hub Gemma configs carry the legacy hidden_act="gelu" (meaning tanh) and/or hidden_activation."""
     ids, expected = _expected("gemma_gqa_tied")
-    for i, changes in enumerate([dict(hidden_act="gelu"), dict(hidden_act="gelu", hidden_activation="gelu_pytorch_tanh"),
-                                 dict(hidden_act=None)]):
+    for i, changes in enumerate(
+        [dict(hidden_act="gelu"), dict(hidden_act="gelu", hidden_activation="gelu_pytorch_tanh"), dict(hidden_act=None)]
+    ):
         path = _copy("gemma_gqa_tied", tmp_path / str(i))
         _edit_config(path, **changes)
         assert np.abs(np.asarray(jaxspec.load(path).logits(ids)) - expected).max() <= 1e-4
-    for i, changes in enumerate([dict(hidden_act="silu"), dict(hidden_activation="gelu"),
-                                 dict(use_bidirectional_attention=True)]):
+    for i, changes in enumerate(
+        [dict(hidden_act="silu"), dict(hidden_activation="gelu"), dict(use_bidirectional_attention=True)]
+    ):
         path = _copy("gemma_gqa_tied", tmp_path / f"bad{i}")
         _edit_config(path, **changes)
         with pytest.raises(ValueError, match="not supported for gemma"):
@@ -229,8 +243,7 @@ def test_config_that_does_not_match_tensors(tmp_path):
 
 def test_unsupported_variants(tmp_path):
     path = _copy("qwen2_bias_tied", tmp_path)
-    _edit_config(path, layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
-                 sliding_window=8)
+    _edit_config(path, layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, sliding_window=8)
     with pytest.raises(ValueError, match="sliding-window"):
         jaxspec.load(path)
     path = _copy("llama_gqa", tmp_path / "a")

@@ -12,13 +12,23 @@ from jaxspec.hf_export import export_hf
 from jaxspec.models import llama
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
-BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-            init_std=0.2)
+BASE = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, init_std=0.2
+)
 VARIANTS = {
     "llama_untied": {},
-    "llama_tied_bias_llama3": dict(tie_embeddings=True, qkv_bias=True, o_bias=True, rope_type="llama3",
-                                   rope_params={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 16}),
+    "llama_tied_bias_llama3": dict(
+        tie_embeddings=True,
+        qkv_bias=True,
+        o_bias=True,
+        rope_type="llama3",
+        rope_params={
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
     "qwen2": dict(qkv_bias=True, tie_embeddings=True),
     "qwen3": dict(qk_norm=True, head_dim=16, num_kv_heads=1),
     "mistral": dict(sliding_window=8),
@@ -68,8 +78,9 @@ def test_refuses_gpt2(tmp_path):
 
 
 def test_refuses_non_llama_and_non_empty(tmp_path):
-    table_model = jaxspec.CausalLM(apply_fn=lambda p, t, pos, c: (p[t], c), params=np.zeros((4, 4)),
-                                   init_cache=lambda b, n: None, vocab_size=4)
+    table_model = jaxspec.CausalLM(
+        apply_fn=lambda p, t, pos, c: (p[t], c), params=np.zeros((4, 4)), init_cache=lambda b, n: None, vocab_size=4
+    )
     with pytest.raises(ValueError, match="Llama-family"):
         export_hf(table_model, tmp_path / "x")
     (tmp_path / "full").mkdir()

@@ -3,9 +3,9 @@
 import jax
 import numpy as np
 import pytest
+from helpers import count_compiles
 
 import jaxspec
-from helpers import count_compiles
 
 MAX_NEW = 40
 EOS = 7
@@ -30,8 +30,13 @@ def test_greedy_speculative_equals_plain(request, target, mixed_prompts, plain_g
     else:
         draft = request.getfixturevalue(f"{draft_name}_draft")
     spec = jaxspec.generate(
-        target, mixed_prompts, draft=draft, gamma=gamma, max_new_tokens=per_row_max_new(mixed_prompts),
-        temperature=0.0, eos_token_id=EOS,
+        target,
+        mixed_prompts,
+        draft=draft,
+        gamma=gamma,
+        max_new_tokens=per_row_max_new(mixed_prompts),
+        temperature=0.0,
+        eos_token_id=EOS,
     )
     assert len(spec.tokens) == len(mixed_prompts) >= 20
     mismatched = [i for i, (a, b) in enumerate(zip(spec.tokens, plain_greedy.tokens)) if a != b]
@@ -94,8 +99,9 @@ def test_only_verified_tokens_are_emitted(target, unrelated_draft, mixed_prompts
 
 def test_cache_end_stops_rows(target, perturbed_draft):
     prompts = [[1, 2, 3], [4] * 10]
-    res = jaxspec.generate(target, prompts, draft=perturbed_draft, gamma=4, max_new_tokens=100, max_length=16,
-                           temperature=0.0)
+    res = jaxspec.generate(
+        target, prompts, draft=perturbed_draft, gamma=4, max_new_tokens=100, max_length=16, temperature=0.0
+    )
     assert res.finish_reasons == ["cache", "cache"]
     assert [len(t) for t in res.tokens] == [13, 6]
     plain = jaxspec.generate(target, prompts, max_new_tokens=100, max_length=16, temperature=0.0)
@@ -133,9 +139,20 @@ def test_no_recompilation_for_new_prompts_seed_temperature(target, small_draft, 
         rng = np.random.default_rng(9)
         new_prompts = [rng.integers(0, 96, size=int(rng.integers(3, 20))).tolist() for _ in range(5)]
         for temperature, top_k, top_p, seed, max_new in [
-            (1.0, None, None, 1, 24), (0.0, None, None, 2, 17), (0.6, 5, 0.9, 3, 30), (1.3, 0, 0.5, 4, 8),
+            (1.0, None, None, 1, 24),
+            (0.0, None, None, 2, 17),
+            (0.6, 5, 0.9, 3, 30),
+            (1.3, 0, 0.5, 4, 8),
         ]:
-            jaxspec.generate(target, new_prompts, max_new_tokens=max_new, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, **kw)
+            jaxspec.generate(
+                target,
+                new_prompts,
+                max_new_tokens=max_new,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                **kw,
+            )
     assert counts["compiles"] == 0 and counts["traces"] == 0, counts
     assert jaxspec.loop.generate_program.cache_size() == before

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import VOCAB, tiny_config
 
 import jaxspec
-from conftest import VOCAB, tiny_config
 from jaxspec.cache import KVCache, write
 from jaxspec.models import llama
 
@@ -109,8 +109,9 @@ def _bigram_cache(batch, length):
 def test_user_model_plugs_in():
     rng = np.random.default_rng(0)
     table = jnp.asarray(rng.normal(size=(VOCAB, VOCAB)) * 3, jnp.float32)
-    target = jaxspec.CausalLM(apply_fn=_bigram_apply, params={"table": table}, init_cache=_bigram_cache,
-                              vocab_size=VOCAB, name="bigram")
+    target = jaxspec.CausalLM(
+        apply_fn=_bigram_apply, params={"table": table}, init_cache=_bigram_cache, vocab_size=VOCAB, name="bigram"
+    )
     draft = target.replace(params={"table": table + jnp.asarray(rng.normal(size=table.shape), jnp.float32)})
     plain = jaxspec.generate(target, [[1], [2, 3]], max_new_tokens=12, temperature=0.0)
     spec = jaxspec.generate(target, [[1], [2, 3]], draft=draft, gamma=3, max_new_tokens=12, temperature=0.0)

@@ -27,9 +27,13 @@ def _wheel(directory, payload=PAYLOAD, version="0.0.1"):
 
 def _register(monkeypatch, wheel, payload=PAYLOAD, wheel_sha=None):
     model = named.NamedModel(
-        package="jaxspec-fake-model", version="0.0.1", member="jaxspec_fake_model/model.gguf",
+        package="jaxspec-fake-model",
+        version="0.0.1",
+        member="jaxspec_fake_model/model.gguf",
         wheel_sha256=wheel_sha or hashlib.sha256(wheel.read_bytes()).hexdigest(),
-        file_sha256=hashlib.sha256(payload).hexdigest(), size=len(payload))
+        file_sha256=hashlib.sha256(payload).hexdigest(),
+        size=len(payload),
+    )
     monkeypatch.setitem(named.MODELS, "fake-model", model)
     return model
 

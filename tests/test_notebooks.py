@@ -14,7 +14,9 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "acceptance.ipynb"])
 def test_notebook_runs(name, tmp_path):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]

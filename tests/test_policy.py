@@ -1,10 +1,10 @@
 """gamma="auto": the expected-speed-up formula, decisions at forced low/high α, running estimates, cost caching."""
 
 import pytest
+from helpers import count_compiles
 
 import jaxspec
 from jaxspec.policy import AutoGamma, Costs, expected_speedup, expected_tokens
-from helpers import count_compiles
 
 
 def test_expected_speedup_by_hand():
@@ -14,7 +14,8 @@ def test_expected_speedup_by_hand():
     assert expected_speedup(0.8, 4, 0.1, 1.2, 100, prefill=5) == pytest.approx(100 / (5 + 100 / 3.3616 * 1.6))
     # the target's prefill (50 steps) is paid by both modes: (50 + 100) / (50 + 5 + 100 / 3.3616 * 1.6)
     assert expected_speedup(0.8, 4, 0.1, 1.2, 100, prefill=5, target_prefill=50) == pytest.approx(
-        150 / (55 + 100 / 3.3616 * 1.6))
+        150 / (55 + 100 / 3.3616 * 1.6)
+    )
     # a round cannot emit more than the output needs: 2 tokens at α = 1 gain at most 2 / (γc + v)
     assert expected_speedup(1.0, 4, 0.1, 1.0, 2) == pytest.approx(2 / 1.4)
     assert expected_speedup(0.0, 4, 0.1, 1.0, 100) < 1  # nothing accepted: speculation is pure cost
@@ -29,7 +30,7 @@ def test_position_estimates_come_from_accept_histograms(target, small_draft):
     policy.observe(target, small_draft, True, accepted=3 * 1 + 1 * 3 + 4 * 4, drafted=40, accept_hist=(2, 3, 0, 1, 4))
     a = policy.position_acceptance(target, small_draft, True)
     # reached/accepted per position: 10/8, 8/5, 5/5, 5/4; with the prior (0.5 weight 1) added to each
-    assert a == pytest.approx(((8 + .5) / 11, (5 + .5) / 9, (5 + .5) / 6, (4 + .5) / 6))
+    assert a == pytest.approx(((8 + 0.5) / 11, (5 + 0.5) / 9, (5 + 0.5) / 6, (4 + 0.5) / 6))
     # correlated acceptances: τ from the positions beats the textbook formula at α = accepted ÷ drafted
     alpha = policy.alpha(target, small_draft, True)[0]
     assert expected_tokens(a, 4) > expected_tokens([alpha] * 4, 4) + 0.5
@@ -81,8 +82,9 @@ def test_a_long_prompt_dilutes_the_expected_gain(target, small_draft):
 def test_running_alpha_learns_from_calls(target):
     """The draft equal to the target is always accepted: the estimate moves from the prior towards 1."""
     policy = AutoGamma(gammas=(2,), prior_alpha=0.3, prior_drafts=20)  # one candidate: fewer loops to time
-    first = jaxspec.generate(target, [[5, 6]], draft=target, gamma="auto", policy=policy, max_new_tokens=30,
-                             temperature=0.0)
+    first = jaxspec.generate(
+        target, [[5, 6]], draft=target, gamma="auto", policy=policy, max_new_tokens=30, temperature=0.0
+    )
     assert first.stats.policy["alpha"] == pytest.approx(0.3) and first.stats.policy["alpha_observed_drafts"] == 0
     if first.stats.mode == "speculative":  # at prior 0.3 the policy may or may not speculate on this CPU
         alpha, seen = policy.alpha(target, target, True)
@@ -125,8 +127,9 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
     policy = AutoGamma(gammas=(1, 3))
     prompts = [[5, 6, 7], [9, 2]]
     start = loop.rounds_program.cache_size()
-    first = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20,
-                             temperature=0.0)
+    first = jaxspec.generate(
+        target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20, temperature=0.0
+    )
     p = first.stats.policy
     assert set(p["round_cost"]) == {1, 3} and all(r > 0 for r in p["round_cost"].values())
     assert p["round_cost"] != {g: g * p["c"] + p["v"][g] for g in (1, 3)}  # measured, not the standalone sum
@@ -142,15 +145,17 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
     assert first.tokens == plain.tokens
     compiled = loop.rounds_program.cache_size()
     with count_compiles() as counts:
-        again = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20,
-                                 temperature=0.0)
+        again = jaxspec.generate(
+            target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20, temperature=0.0
+        )
     assert again.tokens == plain.tokens
     assert loop.rounds_program.cache_size() == compiled
     # the observed α may change the chosen γ: at most that γ's prefill compiles, never a loop
     assert counts["compiles"] <= 1
     policy.set_alpha(target, small_draft, True, 0.0)  # now plain decoding: the timed γ = 0 loop, no draft weights
-    plain_auto = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy,
-                                  max_new_tokens=20, temperature=0.0)
+    plain_auto = jaxspec.generate(
+        target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20, temperature=0.0
+    )
     assert plain_auto.stats.mode == "plain" and plain_auto.tokens == plain.tokens
     # every call ran a loop the timing compiled (γ = 0, 1, 3): a plain decision once ran the γ = 0 loop with the
     # draft's weights as an extra argument, a fourth compile
@@ -179,8 +184,17 @@ def test_straggler_factor_is_learned_per_batch_and_slows_the_estimate(target, sm
         policy.set_costs(target, small_draft, batch, 64, costs)
     policy.set_alpha(target, small_draft, True, 0.8)
     before = policy.decide(target, small_draft, 4, 64, 64, True)
-    policy.observe(target, small_draft, True, accepted=0, drafted=0, batch=4, passes=30, row_tokens=[64] * 4,
-                   row_rounds=[20, 22, 25, 30])
+    policy.observe(
+        target,
+        small_draft,
+        True,
+        accepted=0,
+        drafted=0,
+        batch=4,
+        passes=30,
+        row_tokens=[64] * 4,
+        row_rounds=[20, 22, 25, 30],
+    )
     assert policy.straggler(target, small_draft, True, 4) == pytest.approx(30 * 256 / 97 / 64)
     assert policy.straggler(target, small_draft, True, 1) == 1.0 and before.straggler == 1.0
     assert policy.straggler(target, small_draft, False, 4) == 1.0  # sampled calls keep their own
@@ -194,8 +208,15 @@ def test_straggler_factor_is_learned_per_batch_and_slows_the_estimate(target, sm
 def test_auto_with_prompt_lookup(target):
     """gamma="auto" also decides for prompt lookup (no draft model: c = 0, the round cost is measured)."""
     policy = AutoGamma(gammas=(2,))
-    res = jaxspec.generate(target, [[3, 4, 3, 4, 3]], draft="prompt_lookup", gamma="auto", policy=policy,
-                           max_new_tokens=12, temperature=0.0)
+    res = jaxspec.generate(
+        target,
+        [[3, 4, 3, 4, 3]],
+        draft="prompt_lookup",
+        gamma="auto",
+        policy=policy,
+        max_new_tokens=12,
+        temperature=0.0,
+    )
     assert res.tokens == jaxspec.generate(target, [[3, 4, 3, 4, 3]], max_new_tokens=12, temperature=0.0).tokens
     assert res.stats.policy["c"] == 0.0 and res.stats.policy["round_cost"][2] > 0
 
@@ -218,7 +239,7 @@ def test_estimates_forget_and_plain_decisions_probe_again(target, small_draft):
     # plain, plain, probe (wait 2), then the wait doubles to 4
     assert kinds == ["plain", "plain", "probe", "plain", "plain", "plain", "plain", "probe"]
     # aged by every decision (half-life 2 calls): 1000 drafts 8 calls ago, 20 drafts 5 calls ago, 20 just now
-    assert policy.alpha(target, small_draft, True)[1] == round(1000 * 0.5 ** 4 + 20 * 0.5 ** 2.5 + 20)
+    assert policy.alpha(target, small_draft, True)[1] == round(1000 * 0.5**4 + 20 * 0.5**2.5 + 20)
     # the workload changed: the probe accepts everything, and the next call speculates on its own
     policy.observe(target, small_draft, True, accepted=200, drafted=200, accept_hist=(0, 0, 100))
     d = policy.decide(target, small_draft, 1, 64, 64, True)

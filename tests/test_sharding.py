@@ -12,13 +12,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from helpers import count_compiles
+from jax.sharding import PartitionSpec as P
+from multihost_prompts import PROMPTS
 
 import jaxspec
 from jaxspec import loop, sharding
-from helpers import count_compiles
-from multihost_prompts import PROMPTS
-
 
 gen = importlib.import_module("jaxspec.generate")  # the module (the package attribute is the function)
 
@@ -58,8 +57,17 @@ def test_auto_gamma_on_a_mesh(target, small_draft, prompts, reference):
     """gamma="auto" on a 2x4 mesh times its candidate loops on the mesh (synthetic state placed by the loop's
     shardings) and returns the single-device greedy tokens whichever γ it picks."""
     policy = jaxspec.policy.AutoGamma(gammas=(2,))
-    res = jaxspec.generate(target, prompts, draft=small_draft, gamma="auto", policy=policy, temperature=0.0,
-                           max_new_tokens=[9, 14, 5, 12, 10], eos_token_id=7, mesh={"data": 2, "model": 4})
+    res = jaxspec.generate(
+        target,
+        prompts,
+        draft=small_draft,
+        gamma="auto",
+        policy=policy,
+        temperature=0.0,
+        max_new_tokens=[9, 14, 5, 12, 10],
+        eos_token_id=7,
+        mesh={"data": 2, "model": 4},
+    )
     assert res.tokens == reference["greedy"].tokens
     assert res.stats.policy["round_cost"][2] > 0
 
@@ -67,8 +75,10 @@ def test_auto_gamma_on_a_mesh(target, small_draft, prompts, reference):
 def test_sharded_draft_plain_decoding_and_stream(target, small_draft, prompts, reference):
     mesh = {"data": 2, "model": 4}
     kw = dict(max_new_tokens=[9, 14, 5, 12, 10], eos_token_id=7, temperature=0.0, mesh=mesh)
-    assert jaxspec.generate(target, prompts, draft=small_draft, shard_draft=False, **kw).tokens == \
-        reference["greedy"].tokens
+    assert (
+        jaxspec.generate(target, prompts, draft=small_draft, shard_draft=False, **kw).tokens
+        == reference["greedy"].tokens
+    )
     plain = jaxspec.generate(target, prompts, **{**kw, "mesh": None})
     assert jaxspec.generate(target, prompts, **kw).tokens == plain.tokens == reference["greedy"].tokens
     s = jaxspec.stream(target, prompts, draft=small_draft, **kw)
@@ -176,8 +186,12 @@ def test_two_processes_match_one(tmp_path, target, small_draft):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
     env.pop("XLA_FLAGS", None)
     procs = [
-        subprocess.Popen([sys.executable, str(here / "multihost_worker.py"), str(i), "2", str(port),
-                          str(tmp_path / f"out{i}.json")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        subprocess.Popen(
+            [sys.executable, str(here / "multihost_worker.py"), str(i), "2", str(port), str(tmp_path / f"out{i}.json")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         for i in range(2)
     ]
     logs = [p.communicate(timeout=300)[0].decode() for p in procs]

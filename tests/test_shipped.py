@@ -74,8 +74,10 @@ def test_cli_on_the_shipped_pair(tmp_path, capsys):
     streamed = capsys.readouterr()
     assert streamed.out.strip() and "α" in streamed.err
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    lines = [{"id": "a", "category": "code", "prompt": PROMPT},
-             {"question_id": 7, "category": "docs", "turns": ["The :mod:`json` module", "ignored"]}]
+    lines = [
+        {"id": "a", "category": "code", "prompt": PROMPT},
+        {"question_id": 7, "category": "docs", "turns": ["The :mod:`json` module", "ignored"]},
+    ]
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
     argv = ["generate", "--input", str(inp), "--output", str(out), "--max-new-tokens", "16", "--no-progress"]
     assert cli.main(argv) == 0

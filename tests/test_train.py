@@ -9,8 +9,7 @@ import pytest
 from jaxspec import corpus, train
 from jaxspec.models import llama
 
-TINY = llama.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                         num_kv_heads=1)
+TINY = llama.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
 
 
 @pytest.fixture
@@ -25,8 +24,9 @@ def run_dir(tmp_path):
 
 
 def _cfg(steps, **kw):
-    return train.TrainConfig(steps=steps, batch_size=4, seq_len=32, learning_rate=1e-2, warmup=2,
-                             checkpoint_every=3, eval_every=6, **kw)
+    return train.TrainConfig(
+        steps=steps, batch_size=4, seq_len=32, learning_rate=1e-2, warmup=2, checkpoint_every=3, eval_every=6, **kw
+    )
 
 
 def test_loss_goes_down(run_dir):
@@ -81,14 +81,22 @@ def test_missing_docs_is_a_clear_error(monkeypatch):
 
 def test_distillation_and_export(run_dir):
     """A draft distilled from a trained teacher ends closer to it than before; the export loads and generates."""
-    import jaxspec
     from helpers import tiny_hf_tokenizer
+
+    import jaxspec
 
     train.train(run_dir, "target", _cfg(12), TINY)
     (run_dir / "target_config.json").write_text(json.dumps(__import__("dataclasses").asdict(TINY)))
     teacher, _, _ = train.latest_params(run_dir, "target")
-    student_cfg = llama.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=1,
-                                    num_kv_heads=1, tie_embeddings=True)
+    student_cfg = llama.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=1,
+        num_kv_heads=1,
+        tie_embeddings=True,
+    )
     batch = train.batch_at(np.load(run_dir / "heldout.npy"), _cfg(1), 0)
     t_logits = train._forward(*llama.model_fns(TINY), teacher, batch[:, :-1])
 

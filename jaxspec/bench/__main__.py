@@ -46,12 +46,27 @@ def _humaneval_mode(args):
     return humaneval.run(args)
 
 
-MODES = {"single": single.run, "mesh": _mesh_mode, "shipped": _shipped_mode, "sweep": _sweep_mode,
-         "lookup": _lookup_mode, "humaneval": _humaneval_mode}
+MODES = {
+    "single": single.run,
+    "mesh": _mesh_mode,
+    "shipped": _shipped_mode,
+    "sweep": _sweep_mode,
+    "lookup": _lookup_mode,
+    "humaneval": _humaneval_mode,
+}
 
 # --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
-QUICK = dict(vocab=256, hidden=64, target_layers=2, draft_layers=1, max_new_tokens=16, repeats=1, step_iters=3,
-             pair="aligned", breakdown_repeats=0)
+QUICK = dict(
+    vocab=256,
+    hidden=64,
+    target_layers=2,
+    draft_layers=1,
+    max_new_tokens=16,
+    repeats=1,
+    step_iters=3,
+    pair="aligned",
+    breakdown_repeats=0,
+)
 
 
 def _floats(s: str) -> list[float]:
@@ -59,8 +74,11 @@ def _floats(s: str) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jaxspec.bench", description=jaxspec.bench.__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m jaxspec.bench",
+        description=jaxspec.bench.__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.set_defaults(mode="single")
     p.add_argument("--pair", choices=[*PAIRS, "both"], default="both")
     p.add_argument("--gamma", type=int, default=4)
@@ -68,47 +86,98 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3, help="generate() runs per mode and temperature (interleaved)")
     p.add_argument("--temperatures", type=_floats, default=[0.0, 1.0], help="comma-separated, default 0,1")
-    p.add_argument("--step-iters", type=int, default=10,
-                   help="calls of each model step per timing block (one block after every plain+spec pair of runs)")
+    p.add_argument(
+        "--step-iters",
+        type=int,
+        default=10,
+        help="calls of each model step per timing block (one block after every plain+spec pair of runs)",
+    )
     p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("models (float32 Llama, random weights)")
     g.add_argument("--vocab", type=int, default=8192)
     g.add_argument("--hidden", type=int, default=512, help="shared by target and draft")
     g.add_argument("--target-layers", type=int, default=16)
     g.add_argument("--draft-layers", type=int, default=1)
-    g.add_argument("--residual-scale", type=float, default=0.002,
-                   help="aligned pair: factor on every o_proj/down_proj (smaller = higher α)")
-    p.add_argument("--breakdown-repeats", type=int, default=3,
-                   help="runs per combination for the in-loop time breakdown of the first pair (0 = skip it)")
-    p.add_argument("--breakdown-tokens", type=int, default=100,
-                   help="the longer max_new_tokens of the breakdown's slope (the shorter is a fifth of it)")
+    g.add_argument(
+        "--residual-scale",
+        type=float,
+        default=0.002,
+        help="aligned pair: factor on every o_proj/down_proj (smaller = higher α)",
+    )
+    p.add_argument(
+        "--breakdown-repeats",
+        type=int,
+        default=3,
+        help="runs per combination for the in-loop time breakdown of the first pair (0 = skip it)",
+    )
+    p.add_argument(
+        "--breakdown-tokens",
+        type=int,
+        default=100,
+        help="the longer max_new_tokens of the breakdown's slope (the shorter is a fifth of it)",
+    )
     quick = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
     p.add_argument("--quick", action="store_true", help=f"smoke run on tiny models: {quick}, unless given")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
-    p.add_argument("--shipped", dest="mode", action="store_const", const="shipped",
-                   help="measure the shipped pair (jaxspec/code-target + code-draft) on held-out prompts")
+    p.add_argument(
+        "--shipped",
+        dest="mode",
+        action="store_const",
+        const="shipped",
+        help="measure the shipped pair (jaxspec/code-target + code-draft) on held-out prompts",
+    )
     p.add_argument("--shipped-prompts", type=int, help="use only the first N held-out prompts")
-    p.add_argument("--shipped-draft", metavar="NAME",
-                   help="--shipped/--sweep/--lookup: another draft (e.g. jaxspec/code-draft-greedy)")
-    p.add_argument("--sweep", dest="mode", action="store_const", const="sweep",
-                   help="batch sizes x {plain, fixed γ, auto} on the shipped pair")
-    p.add_argument("--lookup", dest="mode", action="store_const", const="lookup",
-                   help="prompt lookup vs the draft model on prompts that repeat their context (shipped pair)")
-    p.add_argument("--humaneval", dest="mode", action="store_const", const="humaneval",
-                   help="SmolLM2-135M-Instruct + jaxspec/smollm2-draft on HumanEval (chat template): plain, fixed γ, "
-                        "auto and prompt lookup, interleaved, per batch size and temperature")
+    p.add_argument(
+        "--shipped-draft",
+        metavar="NAME",
+        help="--shipped/--sweep/--lookup: another draft (e.g. jaxspec/code-draft-greedy)",
+    )
+    p.add_argument(
+        "--sweep",
+        dest="mode",
+        action="store_const",
+        const="sweep",
+        help="batch sizes x {plain, fixed γ, auto} on the shipped pair",
+    )
+    p.add_argument(
+        "--lookup",
+        dest="mode",
+        action="store_const",
+        const="lookup",
+        help="prompt lookup vs the draft model on prompts that repeat their context (shipped pair)",
+    )
+    p.add_argument(
+        "--humaneval",
+        dest="mode",
+        action="store_const",
+        const="humaneval",
+        help="SmolLM2-135M-Instruct + jaxspec/smollm2-draft on HumanEval (chat template): plain, fixed γ, "
+        "auto and prompt lookup, interleaved, per batch size and temperature",
+    )
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
-    p.add_argument("--humaneval-modes", type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
-                   default=["plain", "fixed", "auto", "lookup"],
-                   help="--humaneval: modes to interleave, from plain,fixed,auto,lookup (plain always runs)")
+    p.add_argument(
+        "--humaneval-modes",
+        type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
+        default=["plain", "fixed", "auto", "lookup"],
+        help="--humaneval: modes to interleave, from plain,fixed,auto,lookup (plain always runs)",
+    )
     p.add_argument("--prompts-out", metavar="JSONL", help="--humaneval: write the prompt ids (for transformers)")
     p.add_argument("--target", help="--humaneval: another target (default smollm2-135m-instruct)")
-    p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64],
-                   help="sweep batch sizes, comma-separated (default 1,4,16,64)")
+    p.add_argument(
+        "--batches",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 4, 16, 64],
+        help="sweep batch sizes, comma-separated (default 1,4,16,64)",
+    )
     p.add_argument("--plot", metavar="PNG", help="sweep: write the plot here")
     m = p.add_argument_group("mesh mode")
-    m.add_argument("--mesh", metavar="SHAPES", nargs="?", const="all",
-                   help="compare mesh shapes data x model, e.g. 1x8,2x4 (default: all factorizations)")
+    m.add_argument(
+        "--mesh",
+        metavar="SHAPES",
+        nargs="?",
+        const="all",
+        help="compare mesh shapes data x model, e.g. 1x8,2x4 (default: all factorizations)",
+    )
     m.add_argument("--devices", type=int, help="simulated CPU devices (CPU backend only; e.g. 8)")
     m.add_argument("--mesh-batch", type=int, default=8, help="prompts per call in mesh mode")
     return p
@@ -134,8 +203,11 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.devices:  # must happen before the backend starts; only the CPU backend reads it
         jax.config.update("jax_num_cpu_devices", args.devices)
-    print(f"jaxspec.bench: backend {jax.default_backend()}, device {jax.devices()[0]}, jax {jax.__version__}, "
-          f"persistent compilation cache {jax.config.jax_compilation_cache_dir or 'off'}", flush=True)
+    print(
+        f"jaxspec.bench: backend {jax.default_backend()}, device {jax.devices()[0]}, jax {jax.__version__}, "
+        f"persistent compilation cache {jax.config.jax_compilation_cache_dir or 'off'}",
+        flush=True,
+    )
     doc = MODES[args.mode](args)
     if args.json:
         with open(args.json, "w") as f:

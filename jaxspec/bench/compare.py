@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from jaxspec import loop
 from jaxspec.bench.bounds import bound_cpu, bound_issue
 from jaxspec.bench.measure import (
     CompileReport,
@@ -23,7 +24,6 @@ from jaxspec.bench.measure import (
     step_ratios,
 )
 from jaxspec.bench.pairs import Pair, make_prompt
-from jaxspec import loop
 from jaxspec.generate import prepare
 
 
@@ -81,22 +81,29 @@ class PairReport:
     temps: list[TempReport]
 
 
-def temp_report(temp: float, plain: list[GenRun], spec: list[GenRun], steps: dict[str, float],
-                prefill: dict[str, float], gamma: int) -> TempReport:
+def temp_report(
+    temp: float, plain: list[GenRun], spec: list[GenRun], steps: dict[str, float], prefill: dict[str, float], gamma: int
+) -> TempReport:
     c, v = step_ratios(steps, gamma)
     model_round = model_round_s(steps, gamma)
     drafted = sum(x.drafted for x in spec)
     alpha = sum(x.accepted for x in spec) / drafted if drafted else float("nan")
     tau = sum(x.tokens for x in spec) / sum(x.rounds for x in spec)
     return TempReport(
-        temperature=temp, plain=plain, spec=spec, alpha=alpha, tau=tau,
+        temperature=temp,
+        plain=plain,
+        spec=spec,
+        alpha=alpha,
+        tau=tau,
         plain_tps=statistics.median(x.tokens_per_s for x in plain),
         spec_tps=statistics.median(x.tokens_per_s for x in spec),
         speedup=statistics.median(s.tokens_per_s / p.tokens_per_s for p, s in zip(plain, spec)),
         plain_round_s=statistics.median((x.wall_s - prefill["target"]) / x.passes for x in plain),
         spec_round_s=statistics.median((x.wall_s - prefill["target"] - prefill["draft"]) / x.passes for x in spec),
-        bound_issue=bound_issue(alpha, gamma, c), bound_cpu=bound_cpu(alpha, gamma, c, v),
-        ideal_tau=tau * steps["target_1"] / model_round, model_round_s=model_round,
+        bound_issue=bound_issue(alpha, gamma, c),
+        bound_cpu=bound_cpu(alpha, gamma, c, v),
+        ideal_tau=tau * steps["target_1"] / model_round,
+        model_round_s=model_round,
     )
 
 
@@ -142,16 +149,28 @@ def bench_pair(pair: Pair, args) -> PairReport:
     # first step); timed in blocks interleaved with the generation runs
     timer = round_timer(target, draft, gamma, cache_len, args.prompt_len + args.max_new_tokens // 2, args.seed)
     timer.block(args.step_iters)
-    prefill = {"target": measure_prefill(target, padded, cache_len, iters=5),
-               "draft": measure_prefill(draft, padded, cache_len, iters=5)}
+    prefill = {
+        "target": measure_prefill(target, padded, cache_len, iters=5),
+        "draft": measure_prefill(draft, padded, cache_len, iters=5),
+    }
     runs = _interleaved_runs(pair, prompt, base, args, timer)
     steps = timer.medians()
     temps = [temp_report(temp, plain, spec, steps, prefill, gamma) for temp, (plain, spec) in runs.items()]
     c, v = step_ratios(steps, gamma)
     return PairReport(
-        name=pair.name, description=pair.description, target_params=target.num_params,
-        draft_params=draft.num_params, cache_len=cache_len, prompt_pad=int(padded.shape[1]),
-        steps_s=steps, step_samples=timer.count(), prefill_s=prefill, c=c, v=v,
-        compile_spec=comp_spec, compile_plain=comp_plain,
-        memory=memory_report(target, draft, int(padded.shape[0]), cache_len), temps=temps,
+        name=pair.name,
+        description=pair.description,
+        target_params=target.num_params,
+        draft_params=draft.num_params,
+        cache_len=cache_len,
+        prompt_pad=int(padded.shape[1]),
+        steps_s=steps,
+        step_samples=timer.count(),
+        prefill_s=prefill,
+        c=c,
+        v=v,
+        compile_spec=comp_spec,
+        compile_plain=comp_plain,
+        memory=memory_report(target, draft, int(padded.shape[0]), cache_len),
+        temps=temps,
     )

@@ -45,16 +45,20 @@ def load_problems(limit: int | None = None) -> list[dict]:
 def prompt_ids(target, problems) -> list[list[int]]:
     out = []
     for p in problems:
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT.format(prompt=p["prompt"])}],
-                                                   add_generation_prompt=True, tokenize=True)
+        ids = target.tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT.format(prompt=p["prompt"])}], add_generation_prompt=True, tokenize=True
+        )
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return out
 
 
 def _kwargs(mode: str, draft, gamma: int, policy) -> dict:
-    return {"plain": dict(draft=None), "fixed": dict(draft=draft, gamma=gamma),
-            "auto": dict(draft=draft, gamma="auto", policy=policy),
-            "lookup": dict(draft="prompt_lookup", gamma=gamma)}[mode]
+    return {
+        "plain": dict(draft=None),
+        "fixed": dict(draft=draft, gamma=gamma),
+        "auto": dict(draft=draft, gamma="auto", policy=policy),
+        "lookup": dict(draft="prompt_lookup", gamma=gamma),
+    }[mode]
 
 
 def run(args) -> dict:
@@ -71,21 +75,33 @@ def run(args) -> dict:
             for p, row in zip(problems, ids):
                 f.write(json.dumps({"id": p["task_id"], "ids": row}) + "\n")
     eos = target.eos_token_id
-    print(f"humaneval: target {target.name} {target.num_params / 1e6:.1f} M params, draft {draft.name} "
-          f"{draft.num_params / 1e6:.1f} M; {len(ids)} problems ({min(map(len, ids))}-{max(map(len, ids))} prompt "
-          f"tokens, chat template), γ={args.gamma}, {args.max_new_tokens} new tokens, EOS {eos}", flush=True)
+    print(
+        f"humaneval: target {target.name} {target.num_params / 1e6:.1f} M params, draft {draft.name} "
+        f"{draft.num_params / 1e6:.1f} M; {len(ids)} problems ({min(map(len, ids))}-{max(map(len, ids))} prompt "
+        f"tokens, chat template), γ={args.gamma}, {args.max_new_tokens} new tokens, EOS {eos}",
+        flush=True,
+    )
     cache_len = _gen.bucket_cache(max(map(len, ids)) + args.max_new_tokens)
     timer = measure.round_timer(target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed)
     policy = AutoGamma()
-    doc = {"mode": "humaneval", "gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "problems": len(ids),
-           "target_load_s": load_s, "first_compile_s": {}, "rows": []}
+    doc = {
+        "mode": "humaneval",
+        "gamma": args.gamma,
+        "max_new_tokens": args.max_new_tokens,
+        "problems": len(ids),
+        "target_load_s": load_s,
+        "first_compile_s": {},
+        "rows": [],
+    }
     print(f"target loaded (GGUF dequantized, placed) in {load_s:.1f} s", flush=True)
-    header = (f"{'temp':>6} | {'batch':>5} | {'mode':>6} | {'α':>5} | {'τ':>5} | {'tok/s':>6} | {'vs plain':>8} | "
-              f"{'round':>5} | {'bound':>5}")
+    header = (
+        f"{'temp':>6} | {'batch':>5} | {'mode':>6} | {'α':>5} | {'τ':>5} | {'tok/s':>6} | {'vs plain':>8} | "
+        f"{'round':>5} | {'bound':>5}"
+    )
     print(header + "\n" + "-" * len(header), flush=True)
     for temp in args.temperatures:
         for batch in args.batches:
-            calls = [ids[i: i + batch] for i in range(0, len(ids), batch)]
+            calls = [ids[i : i + batch] for i in range(0, len(ids), batch)]
             base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
             totals = {m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0) for m in modes}
             choices: dict[str, int] = {}
@@ -96,16 +112,23 @@ def run(args) -> dict:
                     seen_buckets.add(bucket)
                     for m in modes:
                         t0 = time.perf_counter()
-                        s = jaxspec.generate(target, call, seed=args.seed, **base,
-                                             **_kwargs(m, draft, args.gamma, policy)).stats
+                        s = jaxspec.generate(
+                            target, call, seed=args.seed, **base, **_kwargs(m, draft, args.gamma, policy)
+                        ).stats
                         if m not in doc["first_compile_s"]:
-                            doc["first_compile_s"][m] = {"compile_s": s.compile_time_s,
-                                                         "first_call_s": time.perf_counter() - t0}
-                            print(f"first {m} call: compiled in {s.compile_time_s:.1f} s, whole call "
-                                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+                            doc["first_compile_s"][m] = {
+                                "compile_s": s.compile_time_s,
+                                "first_call_s": time.perf_counter() - t0,
+                            }
+                            print(
+                                f"first {m} call: compiled in {s.compile_time_s:.1f} s, whole call "
+                                f"{time.perf_counter() - t0:.1f} s",
+                                flush=True,
+                            )
                 for m in modes:
-                    s = jaxspec.generate(target, call, seed=args.seed + k, **base,
-                                         **_kwargs(m, draft, args.gamma, policy)).stats
+                    s = jaxspec.generate(
+                        target, call, seed=args.seed + k, **base, **_kwargs(m, draft, args.gamma, policy)
+                    ).stats
                     t = totals[m]
                     t["tokens"] += s.generated_tokens
                     t["seconds"] += s.wall_time_s
@@ -130,18 +153,35 @@ def run(args) -> dict:
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
                 bound = tau / (args.gamma * c + v) if m == "fixed" else None
                 bound_alpha = bound_cpu(alpha, args.gamma, c, v) if m == "fixed" and alpha is not None else None
-                row = {"temperature": temp, "batch": batch, "mode": m, "alpha": alpha, "tau": tau, "tok_s": tps,
-                       "ratio": tps / plain_tps, "round_cost": round_cost, "c": c, "v": v, "bound": bound,
-                       "bound_alpha_formula": bound_alpha,
-                       "tokens": t["tokens"], "seconds": t["seconds"]}
+                row = {
+                    "temperature": temp,
+                    "batch": batch,
+                    "mode": m,
+                    "alpha": alpha,
+                    "tau": tau,
+                    "tok_s": tps,
+                    "ratio": tps / plain_tps,
+                    "round_cost": round_cost,
+                    "c": c,
+                    "v": v,
+                    "bound": bound,
+                    "bound_alpha_formula": bound_alpha,
+                    "tokens": t["tokens"],
+                    "seconds": t["seconds"],
+                }
                 if m == "auto":
                     row["auto_choices"] = dict(choices)
                 doc["rows"].append(row)
                 a = "-" if alpha is None else f"{alpha:.3f}"
                 b = "-" if bound is None else f"{bound:.2f}"
                 extra = f"  (chose {', '.join(f'{k} ×{n}' for k, n in sorted(choices.items()))})" if m == "auto" else ""
-                print(f"{temp:>6g} | {batch:>5} | {m:>6} | {a:>5} | {tau:>5.2f} | {tps:>6.1f} | "
-                      f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}", flush=True)
-            print(f"{'':>6}   c {c:.3f}, v {v:.2f} (batch-1 steps: target "
-                  f"{timer.medians()['target_1'] * 1e3:.1f} ms)", flush=True)
+                print(
+                    f"{temp:>6g} | {batch:>5} | {m:>6} | {a:>5} | {tau:>5.2f} | {tps:>6.1f} | "
+                    f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}",
+                    flush=True,
+                )
+            print(
+                f"{'':>6}   c {c:.3f}, v {v:.2f} (batch-1 steps: target {timer.medians()['target_1'] * 1e3:.1f} ms)",
+                flush=True,
+            )
     return doc

@@ -42,23 +42,34 @@ def run(args) -> dict:
     prompts = load_prompts(args.shipped_prompts)
     temp = args.temperatures[0]
     policy = AutoGamma()
-    drafters = {"plain": {}, "draft model": dict(draft=draft, gamma=args.gamma),
-                "prompt lookup": dict(draft="prompt_lookup", gamma=args.gamma),
-                "lookup, auto": dict(draft="prompt_lookup", gamma="auto", policy=policy)}
-    print(f"lookup: shipped pair ({TARGET} + {draft_name(args)}), {len(prompts)} held-out prompts per workload, "
-          f"batch 1, γ={args.gamma}, "
-          f"temperature {temp:g}, {args.max_new_tokens} new tokens, {args.repeats} repeats", flush=True)
+    drafters = {
+        "plain": {},
+        "draft model": dict(draft=draft, gamma=args.gamma),
+        "prompt lookup": dict(draft="prompt_lookup", gamma=args.gamma),
+        "lookup, auto": dict(draft="prompt_lookup", gamma="auto", policy=policy),
+    }
+    print(
+        f"lookup: shipped pair ({TARGET} + {draft_name(args)}), {len(prompts)} held-out prompts per workload, "
+        f"batch 1, γ={args.gamma}, "
+        f"temperature {temp:g}, {args.max_new_tokens} new tokens, {args.repeats} repeats",
+        flush=True,
+    )
     header = f"{'workload':>8} | {'drafter':>13} | {'α':>5} | {'τ':>5} | {'tok/s':>7} | vs plain"
     print(header + "\n" + "-" * len(header), flush=True)
-    doc = {"mode": "lookup", "temperature": temp, "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
-           "rows": []}
+    doc = {
+        "mode": "lookup",
+        "temperature": temp,
+        "gamma": args.gamma,
+        "max_new_tokens": args.max_new_tokens,
+        "rows": [],
+    }
     for workload in WORKLOADS:
         ids = [target.tokenizer.encode(workload_prompt(p["prompt"], workload)) for p in prompts]
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=temp)
         totals = {name: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0) for name in drafters}
         choices = {}  # auto's decisions in the timed calls: "γ=4", "plain", "probe γ=2" -> count
         for i, prompt in enumerate(ids):
-            for name, extra in drafters.items():  # compile / warm-up
+            for extra in drafters.values():  # compile / warm-up
                 jaxspec.generate(target, [prompt], seed=args.seed + i, **kw, **extra)
             for _ in range(args.repeats):
                 for name, extra in drafters.items():
@@ -76,14 +87,18 @@ def run(args) -> dict:
         plain = totals["plain"]["tokens"] / totals["plain"]["seconds"]
         for name, t in totals.items():
             tok_s = t["tokens"] / t["seconds"]
-            row = {"workload": workload, "drafter": name, "tok_s": tok_s, "vs_plain": tok_s / plain,
-                   "alpha": t["accepted"] / t["drafted"] if t["drafted"] else None,
-                   "tau": t["tokens"] / t["rounds"] if t["rounds"] else None}
+            row = {
+                "workload": workload,
+                "drafter": name,
+                "tok_s": tok_s,
+                "vs_plain": tok_s / plain,
+                "alpha": t["accepted"] / t["drafted"] if t["drafted"] else None,
+                "tau": t["tokens"] / t["rounds"] if t["rounds"] else None,
+            }
             doc["rows"].append(row)
             a = "" if row["alpha"] is None else f"{row['alpha']:.3f}"
             tau = "" if row["alpha"] is None else f"{row['tau']:.2f}"
-            print(f"{workload:>8} | {name:>13} | {a:>5} | {tau:>5} | {tok_s:7.1f} | {row['vs_plain']:.2f}×",
-                  flush=True)
+            print(f"{workload:>8} | {name:>13} | {a:>5} | {tau:>5} | {tok_s:7.1f} | {row['vs_plain']:.2f}×", flush=True)
         doc["rows"][-1]["auto_choices"] = choices
         print(f"{'':>8}   auto chose: " + ", ".join(f"{k} ×{v}" for k, v in sorted(choices.items())), flush=True)
     return doc

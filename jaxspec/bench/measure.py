@@ -23,13 +23,13 @@ from jaxspec.model import CausalLM
 # --------------------------------------------------------------------------------------------- model steps
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _step_fn(apply_fn):
     # Donate the cache and thread it through, as the loop does (no fresh cache buffer per call).
     return jax.jit(apply_fn, donate_argnums=3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _prefill_fn(apply_fn, init_cache, cache_len):
     def f(params, tokens, positions):
         return apply_fn(params, tokens, positions, init_cache(tokens.shape[0], cache_len))
@@ -82,7 +82,10 @@ def verify_key(gamma: int) -> str:
 def round_timer(target: CausalLM, draft: CausalLM, gamma: int, cache_len: int, position: int, seed: int) -> StepTimer:
     """The steps of a round: one target step, the verify pass over γ+1 tokens, the draft's 1- and 2-token steps."""
     cases = {
-        "target_1": (target, 1), "draft_1": (draft, 1), "draft_2": (draft, 2), verify_key(gamma): (target, gamma + 1),
+        "target_1": (target, 1),
+        "draft_1": (draft, 1),
+        "draft_2": (draft, 2),
+        verify_key(gamma): (target, gamma + 1),
     }
     return StepTimer(cases, cache_len, position, seed=seed)
 
@@ -237,7 +240,9 @@ def run_generate(target: CausalLM, draft: CausalLM | None, prompt, gen_kwargs: d
     res = jaxspec.generate(target, prompt, draft=draft, seed=seed, **gen_kwargs)
     call = time.perf_counter() - start
     s = res.stats
-    return GenRun(s.wall_time_s, call, s.compile_time_s, s.generated_tokens, s.rounds, s.target_passes, s.drafted, s.accepted)
+    return GenRun(
+        s.wall_time_s, call, s.compile_time_s, s.generated_tokens, s.rounds, s.target_passes, s.drafted, s.accepted
+    )
 
 
 # --------------------------------------------------------------------------------------------- in-loop breakdown
@@ -288,8 +293,12 @@ class Breakdown:
 def breakdown_seats(pair: Pair, null: CausalLM) -> dict[str, tuple[CausalLM, CausalLM | None]]:
     t, d = pair.target, pair.draft
     return {
-        "spec null/null": (null, null), "spec real/null": (t, null), "spec null/real": (null, d),
-        "spec real/real": (t, d), "plain null": (null, None), "plain real": (t, None),
+        "spec null/null": (null, null),
+        "spec real/null": (t, null),
+        "spec null/real": (null, d),
+        "spec real/real": (t, d),
+        "plain null": (null, None),
+        "plain real": (t, None),
     }
 
 
@@ -319,8 +328,14 @@ def measure_breakdown(pair: Pair, args, cache_len: int, repeats: int) -> Breakdo
     rounds: dict[str, dict[float, float]] = {name: {} for name in seats}
     for temp in args.temperatures:
         kw = dict(gamma=args.gamma, temperature=temp, eos_token_id=None, max_length=cache_len)
-        slopes = _round_slopes(seats, prompt, dict(kw, max_new_tokens=short_new), dict(kw, max_new_tokens=long_new),
-                               repeats, lambda: timer.block(max(1, args.step_iters // 2)))
+        slopes = _round_slopes(
+            seats,
+            prompt,
+            dict(kw, max_new_tokens=short_new),
+            dict(kw, max_new_tokens=long_new),
+            repeats,
+            lambda: timer.block(max(1, args.step_iters // 2)),
+        )
         for name, s in slopes.items():
             rounds[name][temp] = s
     return Breakdown(pair.name, short_new, long_new, rounds, timer.medians())

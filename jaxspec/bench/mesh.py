@@ -49,8 +49,12 @@ def _placement(target, draft, prompts, kw, mesh) -> dict:
     if mesh is None:
         tparams, dparams = jax.device_put((tparams, dparams), jax.devices()[0])
     state, _ = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
-    out = {"target_weights": _per_device(tparams), "draft_weights": _per_device(dparams),
-           "target_cache": _per_device(state.target_cache), "draft_cache": _per_device(state.draft_cache)}
+    out = {
+        "target_weights": _per_device(tparams),
+        "draft_weights": _per_device(dparams),
+        "target_cache": _per_device(state.target_cache),
+        "draft_cache": _per_device(state.draft_cache),
+    }
     if mesh is not None:
         out["fallbacks"] = [str(f) for f in sharding.plan(target, mesh).fallbacks]
     return out
@@ -73,9 +77,12 @@ def run(args) -> dict:
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(0, args.vocab, (args.mesh_batch, args.prompt_len)).tolist()
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, gamma=args.gamma)
-    print(f"mesh mode: {devices} devices ({jax.devices()[0].platform}), aligned pair, batch {args.mesh_batch}, "
-          f"γ={args.gamma}, {args.max_new_tokens} new tokens; target {pair.target.num_params / 1e6:.1f} M params, "
-          f"draft {pair.draft.num_params / 1e6:.1f} M", flush=True)
+    print(
+        f"mesh mode: {devices} devices ({jax.devices()[0].platform}), aligned pair, batch {args.mesh_batch}, "
+        f"γ={args.gamma}, {args.max_new_tokens} new tokens; target {pair.target.num_params / 1e6:.1f} M params, "
+        f"draft {pair.draft.num_params / 1e6:.1f} M",
+        flush=True,
+    )
     rows, reference = [], None
     for shape in [None, *shapes]:
         mesh = None if shape is None else sharding.make_mesh({"data": shape[0], "model": shape[1]})
@@ -84,13 +91,23 @@ def run(args) -> dict:
         spec_ms, spec_tokens = _ms_per_round(pair.target, pair.draft, prompts, kw, mesh, args.repeats)
         if reference is None:
             reference = plain_tokens
-        row = {"mesh": "1 device" if shape is None else f"{shape[0]}x{shape[1]}", **place,
-               "plain_ms_per_round": plain_ms, "spec_ms_per_round": spec_ms,
-               "same_tokens": plain_tokens == reference and spec_tokens == reference}
+        row = {
+            "mesh": "1 device" if shape is None else f"{shape[0]}x{shape[1]}",
+            **place,
+            "plain_ms_per_round": plain_ms,
+            "spec_ms_per_round": spec_ms,
+            "same_tokens": plain_tokens == reference and spec_tokens == reference,
+        }
         rows.append(row)
         print(_line(row), flush=True)
-    return {"mode": "mesh", "devices": devices, "platform": jax.devices()[0].platform, "batch": args.mesh_batch,
-            "gamma": args.gamma, "rows": rows}
+    return {
+        "mode": "mesh",
+        "devices": devices,
+        "platform": jax.devices()[0].platform,
+        "batch": args.mesh_batch,
+        "gamma": args.gamma,
+        "rows": rows,
+    }
 
 
 def _mib(n: int) -> str:
@@ -100,8 +117,12 @@ def _mib(n: int) -> str:
 def _line(row: dict) -> str:
     if not hasattr(_line, "header"):
         _line.header = True
-        print(f"{'mesh':>9} | MiB/device: {'target W':>8} {'draft W':>8} {'t cache':>8} {'d cache':>8} | "
-              f"ms/round: {'plain':>7} {'spec':>7} | same tokens")
-    return (f"{row['mesh']:>9} |             {_mib(row['target_weights']):>8} {_mib(row['draft_weights']):>8} "
-            f"{_mib(row['target_cache']):>8} {_mib(row['draft_cache']):>8} |           {row['plain_ms_per_round']:7.2f} "
-            f"{row['spec_ms_per_round']:7.2f} | {row['same_tokens']}")
+        print(
+            f"{'mesh':>9} | MiB/device: {'target W':>8} {'draft W':>8} {'t cache':>8} {'d cache':>8} | "
+            f"ms/round: {'plain':>7} {'spec':>7} | same tokens"
+        )
+    return (
+        f"{row['mesh']:>9} |             {_mib(row['target_weights']):>8} {_mib(row['draft_weights']):>8} "
+        f"{_mib(row['target_cache']):>8} {_mib(row['draft_cache']):>8} |           {row['plain_ms_per_round']:7.2f} "
+        f"{row['spec_ms_per_round']:7.2f} | {row['same_tokens']}"
+    )

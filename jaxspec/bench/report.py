@@ -54,14 +54,20 @@ def _temp_lines(t: TempReport, target_step_s: float, args) -> list[str]:
     rows = [
         ("tokens/s (median)", f"{t.plain_tps:10.1f}", f"{t.spec_tps:10.1f}"),
         ("generated tokens / run", f"{t.plain[0].tokens:10d}", f"{t.spec[0].tokens:10d}"),
-        ("target passes / run (median)", f"{statistics.median(x.passes for x in t.plain):10g}",
-         f"{statistics.median(x.passes for x in t.spec):10g}"),
+        (
+            "target passes / run (median)",
+            f"{statistics.median(x.passes for x in t.plain):10g}",
+            f"{statistics.median(x.passes for x in t.spec):10g}",
+        ),
         ("α acceptance rate", f"{'-':>10}", f"{t.alpha:10.3f}"),
         ("τ tokens per target pass", f"{1.0:10.2f}", f"{t.tau:10.2f}"),
         ("round time, measured (ms)", f"{t.plain_round_s * 1e3:10.2f}", f"{t.spec_round_s * 1e3:10.2f}"),
         ("round time, models only (ms)", f"{target_step_s * 1e3:10.2f}", f"{t.model_round_s * 1e3:10.2f}"),
-        ("residual = measured − models (ms)", f"{(t.plain_round_s - target_step_s) * 1e3:10.2f}",
-         f"{(t.spec_round_s - t.model_round_s) * 1e3:10.2f}"),
+        (
+            "residual = measured − models (ms)",
+            f"{(t.plain_round_s - target_step_s) * 1e3:10.2f}",
+            f"{(t.spec_round_s - t.model_round_s) * 1e3:10.2f}",
+        ),
     ]
     figures = [
         ("speedup (spec tok/s ÷ plain tok/s)", t.speedup, ""),
@@ -188,8 +194,10 @@ def _ok(eff: float) -> str:
 
 
 def format_summary(reports: list[PairReport], args) -> str:
-    lines = [RULE, f"summary (this run γ={args.gamma}; targets: efficiency ≥ 0.9 at γ=4 for a pair with c ≤ 0.1, "
-                   "compile ≤ 15 s)"]
+    lines = [
+        RULE,
+        f"summary (this run γ={args.gamma}; targets: efficiency ≥ 0.9 at γ=4 for a pair with c ≤ 0.1, compile ≤ 15 s)",
+    ]
     for rep in reports:
         for t in rep.temps:
             lines.append(
@@ -198,11 +206,15 @@ def format_summary(reports: list[PairReport], args) -> str:
                 f"eff B={t.eff_cpu:.2f}{_ok(t.eff_cpu)}  eff τ={t.eff_tau:.2f}"
             )
         total = rep.compile_spec.total_s
-        lines.append(f"  {rep.name:8s} compile spec {total:.1f} s ({'ok' if total <= 15 else 'OVER'}), "
-                     f"plain {rep.compile_plain.total_s:.1f} s")
-    lines.append("note: 'bound A' is the issue's (1−α^(γ+1))/((1−α)(γc+1)), which assumes verifying γ+1 tokens costs "
-                 "one target step; 'bound B' replaces the 1 by the measured v (CPU-aware). "
-                 "Efficiency = speedup ÷ bound.")
+        lines.append(
+            f"  {rep.name:8s} compile spec {total:.1f} s ({'ok' if total <= 15 else 'OVER'}), "
+            f"plain {rep.compile_plain.total_s:.1f} s"
+        )
+    lines.append(
+        "note: 'bound A' is the issue's (1−α^(γ+1))/((1−α)(γc+1)), which assumes verifying γ+1 tokens costs "
+        "one target step; 'bound B' replaces the 1 by the measured v (CPU-aware). "
+        "Efficiency = speedup ÷ bound."
+    )
     return "\n".join(lines)
 
 
@@ -220,5 +232,10 @@ def _plain(x):
 
 
 def to_json(reports: list[PairReport], breakdown: Breakdown | None, args) -> dict:
-    return {"args": vars(args), "backend": jax.default_backend(), "device": str(jax.devices()[0]),
-            "pairs": [_plain(r) for r in reports], "breakdown": _plain(breakdown)}
+    return {
+        "args": vars(args),
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0]),
+        "pairs": [_plain(r) for r in reports],
+        "breakdown": _plain(breakdown),
+    }

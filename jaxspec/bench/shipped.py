@@ -41,19 +41,29 @@ def run(args) -> dict:
     target, draft = jaxspec.load(TARGET), jaxspec.load(draft_name(args))
     prompts = load_prompts(args.shipped_prompts)
     ids = [target.tokenizer.encode(p["prompt"]) for p in prompts]
-    print(f"shipped pair: target {target.num_params / 1e6:.2f} M params, draft {draft.num_params / 1e6:.2f} M; "
-          f"{len(prompts)} held-out prompts ({min(map(len, ids))}-{max(map(len, ids))} tokens), batch 1, "
-          f"γ={args.gamma}, {args.max_new_tokens} new tokens, {args.repeats} repeats", flush=True)
+    print(
+        f"shipped pair: target {target.num_params / 1e6:.2f} M params, draft {draft.num_params / 1e6:.2f} M; "
+        f"{len(prompts)} held-out prompts ({min(map(len, ids))}-{max(map(len, ids))} tokens), batch 1, "
+        f"γ={args.gamma}, {args.max_new_tokens} new tokens, {args.repeats} repeats",
+        flush=True,
+    )
     cache_len = _gen.bucket_cache(max(map(len, ids)) + args.max_new_tokens)
     timer = measure.round_timer(target, draft, args.gamma, cache_len, max(map(len, ids)), args.seed)
-    doc = {"mode": "shipped", "gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
-           "target_params": target.num_params, "draft_params": draft.num_params, "temperatures": []}
+    doc = {
+        "mode": "shipped",
+        "gamma": args.gamma,
+        "max_new_tokens": args.max_new_tokens,
+        "prompts": len(prompts),
+        "target_params": target.num_params,
+        "draft_params": draft.num_params,
+        "temperatures": [],
+    }
     for temp in args.temperatures:
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=temp, gamma=args.gamma)
         totals = {"plain": [0, 0.0], "spec": [0, 0.0]}
         drafted = accepted = rounds = spec_tokens = 0
         per_cat: dict[str, list[int]] = {}
-        for i, (p, tok) in enumerate(zip(prompts, ids)):
+        for p, tok in zip(prompts, ids):
             for d in (None, draft):  # warm-up (compiles once per prompt bucket)
                 _one(target, d, [tok], kw, args.seed)
             for r in range(args.repeats):
@@ -72,15 +82,28 @@ def run(args) -> dict:
         plain_tps, spec_tps = (totals[k][0] / totals[k][1] for k in ("plain", "spec"))
         speedup = spec_tps / plain_tps
         b_a, b_b = bound_issue(alpha, args.gamma, c_ratio), bound_cpu(alpha, args.gamma, c_ratio, v_ratio)
-        row = {"temperature": temp, "alpha": alpha, "tau": tau, "plain_tok_s": plain_tps, "spec_tok_s": spec_tps,
-               "speedup": speedup, "c": c_ratio, "v": v_ratio, "bound_a": b_a, "bound_b": b_b,
-               "eff_b": speedup / b_b, "alpha_by_category": {k: a / d for k, (a, d) in per_cat.items()},
-               "target_step_ms": statistics.median(timer.times["target_1"]) * 1e3}
+        row = {
+            "temperature": temp,
+            "alpha": alpha,
+            "tau": tau,
+            "plain_tok_s": plain_tps,
+            "spec_tok_s": spec_tps,
+            "speedup": speedup,
+            "c": c_ratio,
+            "v": v_ratio,
+            "bound_a": b_a,
+            "bound_b": b_b,
+            "eff_b": speedup / b_b,
+            "alpha_by_category": {k: a / d for k, (a, d) in per_cat.items()},
+            "target_step_ms": statistics.median(timer.times["target_1"]) * 1e3,
+        }
         doc["temperatures"].append(row)
         name = "greedy" if temp == 0 else f"T={temp:g}"
         cats = ", ".join(f"{k} {v:.3f}" for k, v in sorted(row["alpha_by_category"].items()))
-        print(f"{name:>7}: α {alpha:.3f} ({cats}), τ {tau:.2f}, plain {plain_tps:.1f} tok/s, spec {spec_tps:.1f} "
-              f"tok/s, speedup {speedup:.2f}×; c {c_ratio:.3f}, v {v_ratio:.2f}, bound A {b_a:.2f}, "
-              f"bound B {b_b:.2f}, eff. B {speedup / b_b:.2f}; target step {row['target_step_ms']:.2f} ms",
-              flush=True)
+        print(
+            f"{name:>7}: α {alpha:.3f} ({cats}), τ {tau:.2f}, plain {plain_tps:.1f} tok/s, spec {spec_tps:.1f} "
+            f"tok/s, speedup {speedup:.2f}×; c {c_ratio:.3f}, v {v_ratio:.2f}, bound A {b_a:.2f}, "
+            f"bound B {b_b:.2f}, eff. B {speedup / b_b:.2f}; target step {row['target_step_ms']:.2f} ms",
+            flush=True,
+        )
     return doc

@@ -3,10 +3,10 @@
 Every batch size generates the same pool of prompts: the held-out prompts cycled to a multiple of the largest
 batch size (64 rows by default: each of the 24 prompts two or three times), in calls of B rows each,
 ``--max-new-tokens`` each (a first version gave batch B the first B prompts, so batch 1 measured one prompt).
-A warm-up pass over the pool per mode compiles every prompt-length bucket and gives the auto policy its first acceptance observations;
-then ``--repeats`` timed passes, modes interleaved per call. tokens/s = generated tokens ÷ device time
-(compile excluded) of a pass, median over the passes. Ratios are against plain decoding at the same batch size
-in the same run, paired by pass: the median over passes of (the mode's tok/s ÷ plain's in the same pass), so a
+A warm-up pass over the pool per mode compiles every prompt-length bucket and gives the auto policy its first
+acceptance observations; then ``--repeats`` timed passes, modes interleaved per call. tokens/s = generated tokens ÷
+device time (compile excluded) of a pass, median over the passes. Ratios are against plain decoding at the same batch
+size in the same run, paired by pass: the median over passes of (the mode's tok/s ÷ plain's in the same pass), so a
 drift of the machine's speed between passes cancels (at batch 64 a pass is one call per mode; a ratio of the
 medians once read 0.92× for auto calls that all decoded plainly, whose prefill + rounds programs time the same
 as plain's single program: 7.37 s against 7.39 s, medians of 6 interleaved calls at batch 64).
@@ -28,8 +28,8 @@ import jax
 
 import jaxspec
 from jaxspec import loop
-from jaxspec.generate import prepare
 from jaxspec.bench.shipped import TARGET, draft_name, load_prompts
+from jaxspec.generate import prepare
 from jaxspec.policy import AutoGamma
 
 
@@ -57,12 +57,24 @@ class CallRecord:
 
 def record(stats, prefill_s: float) -> CallRecord:
     rows = stats.rows
-    return CallRecord(stats.wall_time_s, prefill_s, max(r.rounds for r in rows), sum(r.rounds for r in rows),
-                      stats.generated_tokens, max(r.generated_tokens for r in rows))
+    return CallRecord(
+        stats.wall_time_s,
+        prefill_s,
+        max(r.rounds for r in rows),
+        sum(r.rounds for r in rows),
+        stats.generated_tokens,
+        max(r.generated_tokens for r in rows),
+    )
 
 
-def decompose(plain: list[CallRecord], spec: list[CallRecord], gamma: int, c: float | None = None,
-              v: float | None = None, round_costs: dict | None = None) -> dict:
+def decompose(
+    plain: list[CallRecord],
+    spec: list[CallRecord],
+    gamma: int,
+    c: float | None = None,
+    v: float | None = None,
+    round_costs: dict | None = None,
+) -> dict:
     """Where a speculative mode's time goes against plain decoding, from the same calls' records.
 
     step / round: decode seconds (wall minus prefill) per loop iteration; r = round ÷ step. τ: tokens per
@@ -72,6 +84,7 @@ def decompose(plain: list[CallRecord], spec: list[CallRecord], gamma: int, c: fl
     which no draft can beat. bound: τ / (γc + v) from the standalone costs, when given. ceiling_by_gamma: the
     same ceiling for other γ at their round costs ``round_costs`` (γ -> plain steps, e.g. auto's in-loop timings).
     """
+
     def total(recs, field):
         return sum(getattr(x, field) for x in recs)
 
@@ -105,11 +118,17 @@ def run(args) -> dict:
     pool = prompt_pool(ids, -(-max(largest, len(ids)) // largest) * largest)
     policy = AutoGamma()
     temp = args.temperatures[0]
-    print(f"sweep: shipped pair ({TARGET} + {draft_name(args)}), batch sizes {args.batches}, temperature {temp:g}, "
-          f"γ={args.gamma} fixed vs auto (candidates {policy.gammas}), {args.max_new_tokens} new tokens, the same "
-          f"{len(pool)} prompts at every batch size, {args.repeats} timed passes", flush=True)
-    modes = {"plain": dict(draft=None), f"γ={args.gamma}": dict(draft=draft, gamma=args.gamma),
-             "auto": dict(draft=draft, gamma="auto", policy=policy)}
+    print(
+        f"sweep: shipped pair ({TARGET} + {draft_name(args)}), batch sizes {args.batches}, temperature {temp:g}, "
+        f"γ={args.gamma} fixed vs auto (candidates {policy.gammas}), {args.max_new_tokens} new tokens, the same "
+        f"{len(pool)} prompts at every batch size, {args.repeats} timed passes",
+        flush=True,
+    )
+    modes = {
+        "plain": dict(draft=None),
+        f"γ={args.gamma}": dict(draft=draft, gamma=args.gamma),
+        "auto": dict(draft=draft, gamma="auto", policy=policy),
+    }
     rows = []
     header = f"{'batch':>5} | " + " | ".join(f"{m:>22}" for m in modes) + " | auto decision (last call)"
     print(header + "\n" + "-" * len(header), flush=True)
@@ -147,16 +166,19 @@ def run(args) -> dict:
                 passes[name].append(t)
         for name, ts in passes.items():
             accepted, drafted = sum(t[2] for t in ts), sum(t[3] for t in ts)
-            row[name] = {"tok_s": statistics.median(t[0] / t[1] for t in ts),
-                         "alpha": accepted / drafted if drafted else None}
+            row[name] = {
+                "tok_s": statistics.median(t[0] / t[1] for t in ts),
+                "alpha": accepted / drafted if drafted else None,
+            }
         for name in modes:
             row[name]["vs_plain"] = paired_ratio(passes[name], passes["plain"])
         row["auto_choices"] = choices
         d = row["auto_decision"]
         prefills = {name: [prefill_seconds(target, prompts, kw, modes[name]) for prompts in calls] for name in timed}
         records = {name: [record(s, prefills[name][i]) for i, s in timed[name]] for name in timed}
-        row["decomposition"] = decompose(records["plain"], records[fixed], args.gamma, d["c"], d["v"].get(args.gamma),
-                                         d["round_cost"])
+        row["decomposition"] = decompose(
+            records["plain"], records[fixed], args.gamma, d["c"], d["v"].get(args.gamma), d["round_cost"]
+        )
         rows.append(row)
         cells = []
         for name in modes:
@@ -164,26 +186,48 @@ def run(args) -> dict:
             a = "" if r["alpha"] is None else f" α{r['alpha']:.2f}"
             cells.append(f"{r['tok_s']:7.1f} {r['vs_plain']:4.2f}×{a:>6}")
         print(f"{batch:>5} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {d['reason']}", flush=True)
-        print("      auto chose (timed calls): " + ", ".join(f"{k} ×{v}" for k, v in sorted(choices.items())),
-              flush=True)
+        print(
+            "      auto chose (timed calls): " + ", ".join(f"{k} ×{v}" for k, v in sorted(choices.items())), flush=True
+        )
         first = row["first_call_s"]
-        print(f"      first calls (compile; auto also times its candidate loops): "
-              + ", ".join(f"{m} {first[m]:.1f} s" for m in modes), flush=True)
-        print("      auto's inputs: round cost r(γ) " + ", ".join(f"{g}: {r:.2f}" for g, r in d["round_cost"].items())
-              + "; τ(γ) " + ", ".join(f"{g}: {t:.2f}" for g, t in d["tau"].items())
-              + f"; straggler {d['straggler']:.2f}; prefill (steps) target {d['prefill'].get('target', 0):.1f}, "
-              + f"draft {d['prefill'].get('draft', 0):.1f}; standalone c {d['c']:.3f}, v "
-              + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()), flush=True)
+        print(
+            "      first calls (compile; auto also times its candidate loops): "
+            + ", ".join(f"{m} {first[m]:.1f} s" for m in modes),
+            flush=True,
+        )
+        print(
+            "      auto's inputs: round cost r(γ) "
+            + ", ".join(f"{g}: {r:.2f}" for g, r in d["round_cost"].items())
+            + "; τ(γ) "
+            + ", ".join(f"{g}: {t:.2f}" for g, t in d["tau"].items())
+            + f"; straggler {d['straggler']:.2f}; prefill (steps) target {d['prefill'].get('target', 0):.1f}, "
+            + f"draft {d['prefill'].get('draft', 0):.1f}; standalone c {d['c']:.3f}, v "
+            + ", ".join(f"{g}: {v:.2f}" for g, v in d["v"].items()),
+            flush=True,
+        )
         x = row["decomposition"]
         bound = "" if x["bound"] is None else f"; bound τ/(γc+v) {x['bound']:.2f}×"
-        print(f"      where {fixed}'s time goes (timed calls): prefill {100 * x['prefill_share']:.0f} % of a plain "
-              f"call; a round costs {x['round_cost']:.2f} plain steps; τ {x['tau']:.2f} per row-round; straggler "
-              f"{x['straggler']:.2f}; decode-only {x['decode_speedup']:.2f}×; ceiling with every draft accepted "
-              f"{x['ceiling']:.2f}×{bound}", flush=True)
-        print("      ceiling with every draft accepted at auto's round costs: "
-              + ", ".join(f"γ={g} {ceil:.2f}×" for g, ceil in sorted(x["ceiling_by_gamma"].items())), flush=True)
-    doc = {"mode": "sweep", "temperature": temp, "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
-           "draft": draft_name(args), "pool": len(pool), "rows": rows}
+        print(
+            f"      where {fixed}'s time goes (timed calls): prefill {100 * x['prefill_share']:.0f} % of a plain "
+            f"call; a round costs {x['round_cost']:.2f} plain steps; τ {x['tau']:.2f} per row-round; straggler "
+            f"{x['straggler']:.2f}; decode-only {x['decode_speedup']:.2f}×; ceiling with every draft accepted "
+            f"{x['ceiling']:.2f}×{bound}",
+            flush=True,
+        )
+        print(
+            "      ceiling with every draft accepted at auto's round costs: "
+            + ", ".join(f"γ={g} {ceil:.2f}×" for g, ceil in sorted(x["ceiling_by_gamma"].items())),
+            flush=True,
+        )
+    doc = {
+        "mode": "sweep",
+        "temperature": temp,
+        "gamma": args.gamma,
+        "max_new_tokens": args.max_new_tokens,
+        "draft": draft_name(args),
+        "pool": len(pool),
+        "rows": rows,
+    }
     if args.plot:
         _plot(rows, list(modes), args.plot)
         print(f"plot written to {args.plot}")
@@ -221,8 +265,14 @@ def _plot(rows, modes, path):
     for m in modes:
         ax.plot(batches, [r[m]["vs_plain"] for r in rows], marker="o", label=m)
     if all("decomposition" in r for r in rows):
-        ax.plot(batches, [r["decomposition"]["ceiling"] for r in rows], color="grey", linestyle="--", marker=".",
-                label=f"{modes[1]}, every draft accepted")
+        ax.plot(
+            batches,
+            [r["decomposition"]["ceiling"] for r in rows],
+            color="grey",
+            linestyle="--",
+            marker=".",
+            label=f"{modes[1]}, every draft accepted",
+        )
     ax.axhline(0.95, color="grey", linestyle=":", linewidth=1, label="0.95× plain")
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches, [str(b) for b in batches])

@@ -19,8 +19,10 @@ from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.model import CausalLM
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-_ACTIVATIONS = {"gelu_tanh": functools.partial(nn.gelu, approximate=True),
-                "gelu": functools.partial(nn.gelu, approximate=False)}
+_ACTIVATIONS = {
+    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+    "gelu": functools.partial(nn.gelu, approximate=False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +143,20 @@ class GPT2(nn.Module):
         cfg = self.cfg
 
         def embed(n, name, std):
-            return nn.Embed(n, cfg.hidden_size, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype,
-                            embedding_init=nn.initializers.normal(std), name=name)
+            return nn.Embed(
+                n,
+                cfg.hidden_size,
+                dtype=cfg.jnp_dtype,
+                param_dtype=cfg.jnp_dtype,
+                embedding_init=nn.initializers.normal(std),
+                name=name,
+            )
 
         wte = embed(cfg.vocab_size, "wte", cfg.init_std)
         # Positions past the table (only reachable beyond max_positions) clamp to its last row.
-        x = wte(tokens) + embed(cfg.max_positions, "wpe", cfg.init_std / 2)(jnp.minimum(positions, cfg.max_positions - 1))
+        x = wte(tokens) + embed(cfg.max_positions, "wpe", cfg.init_std / 2)(
+            jnp.minimum(positions, cfg.max_positions - 1)
+        )
         layers = nn.scan(
             Block,
             variable_axes={"params": 0},
@@ -174,7 +184,7 @@ PARAM_AXES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_fns(cfg: GPT2Config):
     """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared."""
     module = GPT2(cfg)
@@ -202,8 +212,9 @@ def init_params(cfg: GPT2Config, seed: int = 0):
 
 
 def from_params(cfg: GPT2Config, params, *, tokenizer=None, eos_token_id=None, name="gpt2") -> CausalLM:
-    return CausalLM.from_config(model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name,
-                                param_axes=PARAM_AXES)
+    return CausalLM.from_config(
+        model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name, param_axes=PARAM_AXES
+    )
 
 
 def init(cfg: GPT2Config, seed: int = 0, **kwargs) -> CausalLM:

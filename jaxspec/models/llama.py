@@ -59,8 +59,9 @@ class LlamaConfig:
     def __post_init__(self):
         if not isinstance(self.vocab_ids, tuple):
             object.__setattr__(self, "vocab_ids", tuple(int(i) for i in self.vocab_ids))
-        if self.vocab_ids and (len(set(self.vocab_ids)) != len(self.vocab_ids)
-                               or not all(0 <= i < self.vocab_size for i in self.vocab_ids)):
+        if self.vocab_ids and (
+            len(set(self.vocab_ids)) != len(self.vocab_ids) or not all(0 <= i < self.vocab_size for i in self.vocab_ids)
+        ):
             raise ValueError(f"vocab_ids must be distinct ids in [0, vocab_size={self.vocab_size})")
         if isinstance(self.rope_params, dict):
             object.__setattr__(self, "rope_params", tuple(sorted(self.rope_params.items())))
@@ -72,9 +73,7 @@ class LlamaConfig:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")
@@ -129,7 +128,7 @@ class RMSNorm(nn.Module):
         return (y.astype(self.dtype) * scale).astype(self.dtype)
 
 
-def _norm(cfg: "LlamaConfig", name: str) -> RMSNorm:
+def _norm(cfg: LlamaConfig, name: str) -> RMSNorm:
     return RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset, name=name)
 
 
@@ -195,9 +194,7 @@ class DecoderLayer(nn.Module):
     def __call__(self, carry, layer, positions):
         cfg = self.cfg
         x, k_all, v_all = carry
-        attn, k_all, v_all = Attention(cfg, name="attn")(
-            _norm(cfg, "input_norm")(x), positions, k_all, v_all, layer
-        )
+        attn, k_all, v_all = Attention(cfg, name="attn")(_norm(cfg, "input_norm")(x), positions, k_all, v_all, layer)
         x = x + attn
         x = x + MLP(cfg, name="mlp")(_norm(cfg, "post_attn_norm")(x))
         return (x, k_all, v_all), None
@@ -266,7 +263,7 @@ PARAM_AXES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_fns(cfg: LlamaConfig):
     """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared."""
     module = Llama(cfg)
@@ -275,9 +272,7 @@ def model_fns(cfg: LlamaConfig):
         return module.apply({"params": params}, tokens, positions, cache)
 
     def init_cache(batch_size: int, max_length: int) -> KVCache:
-        return KVCache.zeros(
-            cfg.num_layers, batch_size, max_length, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype
-        )
+        return KVCache.zeros(cfg.num_layers, batch_size, max_length, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype)
 
     return apply_fn, init_cache
 
@@ -300,8 +295,9 @@ def init_params(cfg: LlamaConfig, seed: int = 0):
 
 
 def from_params(cfg: LlamaConfig, params, *, tokenizer=None, eos_token_id=None, name="llama") -> CausalLM:
-    return CausalLM.from_config(model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name,
-                                param_axes=PARAM_AXES)
+    return CausalLM.from_config(
+        model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name, param_axes=PARAM_AXES
+    )
 
 
 def init(cfg: LlamaConfig, seed: int = 0, **kwargs) -> CausalLM:
