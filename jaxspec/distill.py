@@ -36,7 +36,7 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from jaxspec.generate import _is_int, _is_real, _next_pow2, _tokenize, generate
-from jaxspec.model import CausalLM
+from jaxspec.model import CausalLM, full_logits
 
 LOSSES = ("fkl", "rkl", "tvd")
 LOG_FILE = "distill_log.jsonl"
@@ -138,11 +138,6 @@ def optimizer(learning_rate, warmup, steps) -> optax.GradientTransformation:
     )
 
 
-def _logits(apply_fn, init_cache, params, tokens):
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    return apply_fn(params, tokens, positions, init_cache(*tokens.shape))[0]
-
-
 @functools.cache
 def train_step_fn(target: tuple, draft: tuple, kind: str):
     """Jitted ``(params, opt_state, target_params, tokens, mask, temperature, schedule) -> (params, opt_state,
@@ -150,8 +145,8 @@ def train_step_fn(target: tuple, draft: tuple, kind: str):
     steps]`` (float32, traced). Cached: repeated or resumed runs reuse the compiled step."""
 
     def loss_fn(params, target_params, tokens, mask, temperature):
-        t_logits = jax.lax.stop_gradient(_logits(*target, target_params, tokens))
-        d = divergence(kind, t_logits, _logits(*draft, params, tokens), temperature)
+        t_logits = jax.lax.stop_gradient(full_logits(*target, target_params, tokens))
+        d = divergence(kind, t_logits, full_logits(*draft, params, tokens), temperature)
         return jnp.sum(d * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
     @jax.jit

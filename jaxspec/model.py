@@ -14,7 +14,6 @@ tokens, prompt padding); they are masked until overwritten, so rolling back cost
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -101,9 +100,14 @@ class CausalLM:
         return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(self.params))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _full_logits(apply_fn, init_cache, params, tokens):
+def full_logits(apply_fn, init_cache, params, tokens: jax.Array) -> jax.Array:
+    """``[B, T, V]`` float32 logits at every position of ``tokens [B, T]`` (positions ``0..T-1``, a fresh cache of
+    length ``T``): the one full-sequence forward pass that training, distillation and ``CausalLM.logits`` share.
+    Not jitted itself; call it inside a jitted loss or step."""
     batch, length = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     logits, _ = apply_fn(params, tokens, positions, init_cache(batch, length))
     return logits.astype(jnp.float32)
+
+
+_full_logits = jax.jit(full_logits, static_argnums=(0, 1))

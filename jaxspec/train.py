@@ -27,6 +27,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from jaxspec import corpus
+from jaxspec.model import full_logits
 from jaxspec.models import llama
 
 # The shipped pair: same tokenizer; the draft is far cheaper per decode step.
@@ -73,14 +74,9 @@ def batch_at(data: np.ndarray, cfg: TrainConfig, step: int) -> np.ndarray:
     return np.stack([data[s : s + cfg.seq_len + 1] for s in starts])
 
 
-def _forward(apply_fn, init_cache, params, inputs):
-    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    return apply_fn(params, inputs, positions, init_cache(*inputs.shape))[0]
-
-
 def make_loss(apply_fn, init_cache):
     def loss_fn(params, batch):
-        logits = _forward(apply_fn, init_cache, params, batch[:, :-1])
+        logits = full_logits(apply_fn, init_cache, params, batch[:, :-1])
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
 
     return loss_fn
@@ -91,10 +87,8 @@ def make_distill_loss(apply_fn, init_cache, teacher_apply, teacher_init_cache, t
 
     def loss_fn(params, batch):
         inputs = batch[:, :-1]
-        teacher = jax.nn.softmax(
-            _forward(teacher_apply, teacher_init_cache, teacher_params, inputs).astype(jnp.float32)
-        )
-        logits = _forward(apply_fn, init_cache, params, inputs)
+        teacher = jax.nn.softmax(full_logits(teacher_apply, teacher_init_cache, teacher_params, inputs))
+        logits = full_logits(apply_fn, init_cache, params, inputs)
         return optax.softmax_cross_entropy(logits, jax.lax.stop_gradient(teacher)).mean()
 
     return loss_fn

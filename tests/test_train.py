@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxspec import corpus, train
+from jaxspec.model import full_logits
 from jaxspec.models import llama
 
 TINY = llama.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
@@ -98,10 +99,10 @@ def test_distillation_and_export(run_dir):
         tie_embeddings=True,
     )
     batch = train.batch_at(np.load(run_dir / "heldout.npy"), _cfg(1), 0)
-    t_logits = train._forward(*llama.model_fns(TINY), teacher, batch[:, :-1])
+    t_logits = full_logits(*llama.model_fns(TINY), teacher, batch[:, :-1])
 
     def kl(params):
-        s_logits = train._forward(*llama.model_fns(student_cfg), params, batch[:, :-1])
+        s_logits = full_logits(*llama.model_fns(student_cfg), params, batch[:, :-1])
         p = jax.nn.softmax(t_logits)
         return float((p * (jax.nn.log_softmax(t_logits) - jax.nn.log_softmax(s_logits))).sum(-1).mean())
 
