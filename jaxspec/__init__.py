@@ -15,19 +15,11 @@ from jaxspec import multihost, policy, sharding
 from jaxspec.checkpoint import load, save  # noqa: E402
 from jaxspec.distill import distill
 from jaxspec.drafters import PromptLookup
-from jaxspec.generate import (  # noqa: E402
-    GenerationResult,
-    NonFiniteLogitsError,
-    RowStats,
-    Stats,
-    Stream,
-    StreamStep,
-    generate,
-    stream,
-)
+from jaxspec.generate import Stream, generate, stream  # noqa: E402
 from jaxspec.hf_export import export_hf
 from jaxspec.model import CausalLM
 from jaxspec.models import llama
+from jaxspec.results import GenerationResult, NonFiniteLogitsError, RowStats, Stats, StreamStep
 from jaxspec.sharding import shard
 
 __all__ = [

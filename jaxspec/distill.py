@@ -35,8 +35,10 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from jaxspec.generate import _is_int, _is_real, _next_pow2, _tokenize, generate
+from jaxspec.generate import generate
+from jaxspec.inputs import next_pow2
 from jaxspec.model import CausalLM, full_logits
+from jaxspec.request import is_int, is_real, tokenize
 
 LOSSES = ("fkl", "rkl", "tvd")
 LOG_FILE = "distill_log.jsonl"
@@ -75,7 +77,7 @@ def read_prompts(path) -> list:
             prompt = record["turns"][0]
         else:
             raise ValueError(f'{path}: line {lineno} has neither "prompt" nor a non-empty "turns" list')
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_int(t) for t in prompt))):
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(is_int(t) for t in prompt))):
             raise ValueError(f"{path}: line {lineno}: the prompt must be a string or a list of token ids")
         out.append(prompt)
     if not out:
@@ -91,7 +93,7 @@ def _prompt_ids(target: CausalLM, prompts, name: str) -> list[list[int]]:
     if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
         raise ValueError(f"{name} must be a non-empty list of strings or token-id lists, or a JSONL path")
     try:
-        rows = _tokenize(target, list(prompts))
+        rows = tokenize(target, list(prompts))
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
     for i, p in enumerate(rows):
@@ -189,7 +191,7 @@ def _batch_at(
         outs += generate(draft, rows[:n_draft], seed=draft_seed, **kw).tokens
     if n_draft < batch_size:
         outs += generate(target, rows[n_draft:], seed=gen_seed, **kw).tokens
-    length = _next_pow2(max(len(p) + len(o) for p, o in zip(rows, outs)), 16)
+    length = next_pow2(max(len(p) + len(o) for p, o in zip(rows, outs)), 16)
     tokens = np.zeros((batch_size, length), np.int32)
     mask = np.zeros((batch_size, length), np.float32)
     for b, (p, o) in enumerate(zip(rows, outs)):
@@ -244,9 +246,9 @@ def _check(
         )
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {list(LOSSES)} (forward KL, reverse KL, total variation), got {loss!r}")
-    if not _is_real(on_policy) or not 0 <= on_policy <= 1:
+    if not is_real(on_policy) or not 0 <= on_policy <= 1:
         raise ValueError(f"on_policy must be a number in [0, 1], got {on_policy!r}")
-    if not _is_real(prompt_weight) or not np.isfinite(prompt_weight) or prompt_weight < 0:
+    if not is_real(prompt_weight) or not np.isfinite(prompt_weight) or prompt_weight < 0:
         raise ValueError(f"prompt_weight must be a finite number >= 0, got {prompt_weight!r}")
     for name, value in (
         ("steps", steps),
@@ -256,18 +258,18 @@ def _check(
         ("checkpoint_every", checkpoint_every),
         ("log_every", log_every),
     ):
-        if not _is_int(value) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if not _is_real(temperature) or not np.isfinite(temperature) or temperature <= 0:
+    if not is_real(temperature) or not np.isfinite(temperature) or temperature <= 0:
         raise ValueError(
             f"temperature must be a finite number > 0 for distillation (the loss compares "
             f"temperature-warped distributions; 0 would be greedy, which has none), got {temperature!r}"
         )
-    if not _is_real(learning_rate) or not np.isfinite(learning_rate) or learning_rate <= 0:
+    if not is_real(learning_rate) or not np.isfinite(learning_rate) or learning_rate <= 0:
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
-    if warmup is not None and (not _is_int(warmup) or not 0 <= warmup <= steps):
+    if warmup is not None and (not is_int(warmup) or not 0 <= warmup <= steps):
         raise ValueError(f"warmup must be None or an int in [0, steps={steps}], got {warmup!r}")
-    if not _is_int(seed) or not 0 <= seed < 2**32:
+    if not is_int(seed) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
 
 

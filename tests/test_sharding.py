@@ -124,7 +124,7 @@ def test_params_and_caches_are_sharded(target, small_draft, prompts):
     # caches and loop state, on a mesh where the 2 kv heads divide: [L, B/data, S, Hkv/model, D] per device
     mesh42 = {"data": 4, "model": 2}
     prep = gen.prepare(target, prompts, draft=small_draft, max_new_tokens=8, mesh=mesh42)
-    tparams, dparams = gen._on_mesh(prep, target, small_draft)
+    tparams, dparams = prep.placed_params()
     state, _ = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
     k = state.target_cache.k
     assert k.sharding.spec == P(None, "data", None, "model", None)
@@ -136,7 +136,7 @@ def test_params_and_caches_are_sharded(target, small_draft, prompts):
     assert _per_device_bytes(state.tokens) == state.tokens.nbytes // 4
     assert dparams["layers"]["mlp"]["up_proj"]["kernel"].sharding.spec == P(None, None, "model")  # draft sharded
     prep = gen.prepare(target, prompts, draft=small_draft, max_new_tokens=8, mesh=mesh42, shard_draft=False)
-    assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(gen._on_mesh(prep, target, small_draft)[1]))
+    assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(prep.placed_params()[1]))
 
 
 def test_load_into_layout(tmp_path, target):

@@ -10,7 +10,6 @@ collectives, not a speed-up; per-device bytes are exact.
 
 from __future__ import annotations
 
-import importlib
 import statistics
 
 import jax
@@ -19,8 +18,7 @@ import numpy as np
 import jaxspec
 from jaxspec import loop, sharding
 from jaxspec.bench.pairs import aligned_pair
-
-_gen = importlib.import_module("jaxspec.generate")
+from jaxspec.generate import prepare
 
 
 def parse_shapes(text: str, devices: int) -> list[tuple[int, int]]:
@@ -44,8 +42,8 @@ def _per_device(tree) -> int:
 
 
 def _placement(target, draft, prompts, kw, mesh) -> dict:
-    prep = _gen.prepare(target, prompts, draft=draft, mesh=mesh, **kw)
-    tparams, dparams = _gen._on_mesh(prep, target, draft)
+    prep = prepare(target, prompts, draft=draft, mesh=mesh, **kw)
+    tparams, dparams = prep.placed_params()
     if mesh is None:
         tparams, dparams = jax.device_put((tparams, dparams), jax.devices()[0])
     state, _ = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
