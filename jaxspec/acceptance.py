@@ -29,7 +29,9 @@ class RejectionSampler:
         return jnp.maximum(p - q, 0.0)
 
     def accept_row(self, key, draft_tokens, q, p):
-        """One row: ``draft_tokens [γ]``, ``q [γ, V]``, ``p [γ+1, V]`` -> (accepted count, next token)."""
+        """One row: ``key``, ``draft_tokens [γ] int32``, ``q [γ, V]``, ``p [γ+1, V]`` -> ``(n, next)``, int32
+        scalars: the number of leading accepted drafts and the correction (or bonus) token. A residual with no mass
+        (``p_n <= q_n`` everywhere) falls back to drawing from ``p_n``."""
         gamma = draft_tokens.shape[0]
         key_u, key_c = jax.random.split(key)
         u = jax.random.uniform(key_u, (gamma,), jnp.float32)
@@ -44,5 +46,6 @@ class RejectionSampler:
         return n, sample(key_c, dist)
 
     def __call__(self, keys, draft_tokens, q, p):
-        """Batched: ``keys [B]``, ``draft_tokens [B, γ]``, ``q [B, γ, V]``, ``p [B, γ+1, V]`` -> ``n [B], next [B]``."""
+        """Batched ``accept_row``: ``keys [B]``, ``draft_tokens [B, γ]``, ``q [B, γ, V]``, ``p [B, γ+1, V]`` ->
+        ``n [B] int32, next [B] int32``."""
         return jax.vmap(self.accept_row)(keys, draft_tokens, q, p)

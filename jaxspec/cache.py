@@ -16,22 +16,30 @@ import jax.numpy as jnp
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Keys and values for all layers: ``k, v: [layers, batch, length, kv_heads, head_dim]``."""
+    """Keys and values of every layer, stacked (a pytree).
+
+    Attributes:
+      k, v: ``[layers, batch, length, kv_heads, head_dim]``, same shape and dtype; slot ``s`` of row ``b`` holds
+        the entry of the token at position ``s``.
+    """
 
     k: jax.Array
     v: jax.Array
 
     @classmethod
     def zeros(cls, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> KVCache:
+        """An all-zero cache of the given sizes and dtype."""
         shape = (num_layers, batch, length, kv_heads, head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
     @property
     def length(self) -> int:
+        """Slots per row (the most positions the cache holds)."""
         return self.k.shape[2]
 
     @property
     def nbytes(self) -> int:
+        """Bytes of ``k`` and ``v`` together."""
         return 2 * self.k.size * self.k.dtype.itemsize
 
 

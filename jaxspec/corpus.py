@@ -53,18 +53,21 @@ def is_heldout(name: str) -> bool:
 
 
 def corpus_files(split: str) -> list[tuple[str, Path]]:
-    """``(name, path)`` of the ``"train"`` or ``"heldout"`` files, in a stable order."""
+    """``(name, path)`` of the ``"train"`` or ``"heldout"`` files, in a stable order (names ``stdlib/...``,
+    ``docs/...``). Raises ``ValueError`` for another split, ``FileNotFoundError`` without the documentation sources."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     return [f for f in _stdlib_files() + _doc_files() if is_heldout(f[0]) == (split == "heldout")]
 
 
 def read_text(path: Path) -> str:
+    """A corpus file's text, decoded as UTF-8 with undecodable bytes replaced (U+FFFD)."""
     return path.read_text(encoding="utf-8", errors="replace")
 
 
 def train_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 4096) -> Path:
-    """Train a byte-level BPE on the training split and save it where ``AutoTokenizer`` finds it."""
+    """Train a byte-level BPE of ``vocab_size`` tokens (``EOS`` included) on the training split, save it in
+    ``out_dir`` (created if missing) where ``AutoTokenizer`` finds it, and return that directory."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -99,7 +102,7 @@ def train_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 4096) -> Path:
 
 
 def encode_split(tokenizer_dir: str | os.PathLike, split: str) -> np.ndarray:
-    """All files of a split as one int32 stream, documents separated by the EOS token."""
+    """All files of a split as one ``[N] int32`` stream, each document followed by the EOS token."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))

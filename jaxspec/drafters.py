@@ -18,7 +18,13 @@ import jax.numpy as jnp
 
 @dataclasses.dataclass(frozen=True)
 class PromptLookup:
-    """Prompt-lookup drafting with n-grams of ``max_ngram`` down to ``min_ngram`` tokens (static, hashable)."""
+    """Prompt-lookup drafting with n-grams of ``max_ngram`` down to ``min_ngram`` tokens (static, hashable).
+
+    Attributes:
+      max_ngram, min_ngram: the longest and shortest suffix length tried (``1 <= min_ngram <= max_ngram``, else
+        ``ValueError`` at construction).
+      name: the drafter's name in messages (as ``CausalLM.name`` is a model's).
+    """
 
     max_ngram: int = 3
     min_ngram: int = 1
@@ -33,7 +39,7 @@ class PromptLookup:
             raise ValueError(f"PromptLookup: min_ngram ({self.min_ngram}) > max_ngram ({self.max_ngram})")
 
     def propose(self, tokens: jax.Array, length: jax.Array, gamma: int) -> jax.Array:
-        """``tokens [B, S]`` with ``length [B]`` valid tokens per row -> ``drafts [B, γ]``.
+        """``tokens [B, S]`` with ``length [B]`` valid tokens per row -> ``drafts [B, γ]`` (``tokens.dtype``).
 
         Rows with no match propose their last token repeated. A copied continuation that runs into the row's
         end repeats the copied segment (so periodic text keeps being predicted).

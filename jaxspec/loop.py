@@ -35,51 +35,98 @@ RUNNING, FINISH_EOS, FINISH_LENGTH, FINISH_CACHE, FINISH_PADDING = 0, 1, 2, 3, 4
 
 @dataclasses.dataclass(frozen=True)
 class LoopSpec:
-    """Everything static about a compiled loop (hashable): functions, γ, cache length, acceptance rule."""
+    """Everything static about a compiled loop (hashable, part of every compiled program's key).
+
+    Attributes:
+      target_apply, target_init_cache: the target's ``CausalLM.apply_fn`` and ``init_cache``.
+      draft_apply, draft_init_cache: the draft model's, or None (plain decoding or prompt lookup).
+      gamma: drafts per round (γ); 0 is plain autoregressive decoding (one target pass per token).
+      cache_len: ``S``, the length of ``State.tokens`` and of both KV caches (prompt + generated).
+      acceptance: the rejection sampler that decides each round.
+      mesh: None (one device), or a mesh: per-row arrays split over ``"data"``, caches by
+        ``sharding.CACHE_AXES`` (the caller places the weights).
+      lookup: draft by prompt lookup instead of a draft model (when ``gamma > 0``).
+    """
 
     target_apply: Callable
     target_init_cache: Callable
     draft_apply: Callable | None
     draft_init_cache: Callable | None
-    gamma: int  # 0 = plain autoregressive decoding
+    gamma: int
     cache_len: int
     acceptance: RejectionSampler = RejectionSampler()
-    mesh: Mesh | None = None  # shard batch/caches over "data", weights by their logical axes over "model"
-    lookup: PromptLookup | None = None  # draft by prompt lookup instead of a draft model
+    mesh: Mesh | None = None
+    lookup: PromptLookup | None = None
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LoopInputs:
-    prompt: jax.Array  # [B, T] int32, right-padded
-    prompt_len: jax.Array  # [B] int32
-    max_new: jax.Array  # [B] int32
-    active: jax.Array  # [B] bool (False for batch padding)
-    seeds: jax.Array  # [B] uint32
-    row_ids: jax.Array  # [B] uint32
-    eos: jax.Array  # [E] int32, -1 = unused slot
+    """The traced inputs of one generation (a pytree; new values of the same shapes do not recompile).
+
+    Attributes:
+      prompt: ``[B, T] int32`` prompts, right-padded (any value) to a bucketed length ``T <= cache_len``.
+      prompt_len: ``[B] int32`` real prompt lengths, ``1 <= prompt_len <= T``.
+      max_new: ``[B] int32`` most tokens to generate per row.
+      active: ``[B] bool``; False marks batch padding (such a row starts done, finish ``FINISH_PADDING``).
+      seeds, row_ids: ``[B] uint32``; a row's PRNG key is ``fold_in(key(seeds[b]), row_ids[b])``.
+      eos: ``[E] int32`` end-of-sequence ids; ``-1`` marks an unused slot.
+      sampling: temperature / top-k / top-p, shared by every row.
+    """
+
+    prompt: jax.Array
+    prompt_len: jax.Array
+    max_new: jax.Array
+    active: jax.Array
+    seeds: jax.Array
+    row_ids: jax.Array
+    eos: jax.Array
     sampling: SamplingParams
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class State:
-    tokens: jax.Array  # [B, S] prompt + generated
-    logprobs: jax.Array  # [B, S] target log-prob of each generated token (0 elsewhere)
-    length: jax.Array  # [B]
-    prompt_len: jax.Array  # [B]
-    max_new: jax.Array  # [B]
-    done: jax.Array  # [B] bool
-    finish: jax.Array  # [B] int32 finish reason
-    row_keys: jax.Array  # [B] typed PRNG keys
+    """The loop's carry (a pytree): tokens, per-row progress and statistics, both KV caches.
+
+    ``B`` rows, ``S = spec.cache_len``, ``γ = spec.gamma``; counters count only rounds in which the row was running.
+
+    Attributes:
+      tokens: ``[B, S] int32`` prompt then generated tokens; slots ``>= length`` are stale.
+      logprobs: ``[B, S] float32`` log-probability of each generated token under the raw (unwarped) target
+        logits; 0 at prompt slots and slots not yet written.
+      length: ``[B] int32`` valid tokens per row (prompt included).
+      prompt_len, max_new: ``[B] int32``, from ``LoopInputs``.
+      done: ``[B] bool``, ``finish != RUNNING``.
+      finish: ``[B] int32`` one of ``RUNNING``, ``FINISH_EOS``, ``FINISH_LENGTH``, ``FINISH_CACHE``,
+        ``FINISH_PADDING``.
+      row_keys: ``[B]`` typed PRNG keys; round ``r`` of row ``b`` splits ``fold_in(row_keys[b], r)`` γ+1 ways.
+      eos: ``[E] int32`` and sampling: ``SamplingParams``, from ``LoopInputs``.
+      rounds: ``[B] int32`` target verify passes.
+      drafted, accepted: ``[B] int32`` drafts proposed (γ per round) and drafts accepted.
+      accept_hist: ``[B, γ+1] int32`` rounds by number of accepted drafts.
+      bad_target: ``[B] bool``: target logits that decided a token had a NaN or +inf, or no finite entry.
+      bad_draft: ``[B] bool``: likewise for any draft-model step (never set by prompt lookup).
+      target_cache: the target's cache pytree (``init_cache(B, S)``).
+      draft_cache: the draft model's cache pytree, or None without a draft model.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    length: jax.Array
+    prompt_len: jax.Array
+    max_new: jax.Array
+    done: jax.Array
+    finish: jax.Array
+    row_keys: jax.Array
     eos: jax.Array
     sampling: SamplingParams
-    rounds: jax.Array  # [B] target verify passes
-    drafted: jax.Array  # [B]
-    accepted: jax.Array  # [B]
-    accept_hist: jax.Array  # [B, γ+1] rounds by number of accepted drafts
-    bad_target: jax.Array  # [B] bool: non-finite target logits were used
-    bad_draft: jax.Array  # [B] bool
+    rounds: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    accept_hist: jax.Array
+    bad_target: jax.Array
+    bad_draft: jax.Array
     target_cache: Any
     draft_cache: Any
 
@@ -135,6 +182,10 @@ def _zero_counters(spec: LoopSpec, batch: int) -> dict:
 
 
 def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
+    """The initial state: the target (and the draft model, if any) run over the padded prompt into fresh caches.
+
+    Generates nothing (``length = prompt_len``; the first round re-feeds the last prompt token). The caches'
+    padding slots ``prompt_len .. T-1`` hold stale entries until overwritten."""
     batch, plen = inputs.prompt.shape
     positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (batch, plen))
 
@@ -194,6 +245,11 @@ def _draft(spec: LoopSpec, draft_params, state: State, keys: jax.Array):
 
 
 def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> State:
+    """One round for every row: γ drafts, one target pass over ``[last, d_1..d_γ]``, the rejection sampler.
+
+    A running row appends its ``n`` accepted drafts and one corrected/bonus token, cut after the first EOS and at
+    ``max_new`` and ``cache_len``, with their log-probs; ``finish`` and the counters follow. Rows already done keep
+    every field but the caches (the passes still run over them: they re-feed their last tokens, or hit stale slots)."""
     gamma, size = spec.gamma, spec.cache_len
     batch = state.tokens.shape[0]
     rows = jnp.arange(batch)
@@ -344,6 +400,7 @@ class Program:
         self._executables = {}
 
     def lower(self, spec: LoopSpec, *args):
+        """``jax.stages.Lowered`` of ``fn(spec, *args)`` (with explicit shardings on a mesh); not cached."""
         if spec.mesh is None:
             return self.jitted.lower(spec, *args)
         fn = functools.partial(self.fn, spec)
@@ -363,9 +420,11 @@ class Program:
         return executable(*args), seconds
 
     def cache_size(self) -> int:
+        """Number of compiled executables held."""
         return len(self._executables)
 
     def clear(self) -> None:
+        """Drop every compiled executable (the next call compiles again)."""
         self._executables.clear()
 
 

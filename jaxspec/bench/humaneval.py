@@ -1,13 +1,13 @@
 """``--humaneval``: the real pair (SmolLM2-135M-Instruct + its shipped draft) on HumanEval's problems.
 
-Each problem's prompt goes through the target's chat template as one user turn (``PROMPT``). For every
-temperature of ``--temperatures`` and batch size of ``--batches``, the prompts run in calls of B rows and every
-call is made in each mode, modes interleaved call by call: plain decoding, the draft at fixed γ = ``--gamma``,
-the draft with ``gamma="auto"`` (one policy for the run) and prompt lookup at γ. A warm-up call per mode and
-prompt bucket compiles first (auto's calibration included). Reported per (temperature, batch, mode): α, τ
-(tokens per row-round), tokens/s (tokens ÷ device time, compilation excluded) and the ratio to plain; c and v
-(verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed between calls; a round's cost in plain
-steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
+Each problem's prompt goes through the target's chat template as one user turn (``PROMPT``). For every temperature
+of ``--temperatures`` and batch size of ``--batches``, the prompts run in calls of B rows and every call is made in
+each mode, modes interleaved call by call: plain decoding, the draft at fixed γ = ``--gamma``, the draft with
+``gamma="auto"`` (one policy for the run) and prompt lookup at γ (``--humaneval-modes`` picks a subset; plain always
+runs). A warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included). Reported per
+(temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation excluded) and
+the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed between calls; a
+round's cost in plain steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
 
 Prompt ids are written with ``--prompts-out`` so transformers can be timed on the very same ids
 (``scripts/bench_transformers.py``).
@@ -43,6 +43,8 @@ def load_problems(limit: int | None = None) -> list[dict]:
 
 
 def prompt_ids(target, problems) -> list[list[int]]:
+    """Each problem's prompt as token ids: ``PROMPT`` as one user turn through the target's chat template, with
+    the generation prompt appended."""
     out = []
     for p in problems:
         ids = target.tokenizer.apply_chat_template(
@@ -62,6 +64,9 @@ def _kwargs(mode: str, draft, gamma: int, policy) -> dict:
 
 
 def run(args) -> dict:
+    """The ``--humaneval`` mode (target ``--target`` or ``TARGET``, draft ``--shipped-draft`` or ``DRAFT``): prints
+    one table row per (temperature, batch, mode) as it goes; returns the JSON document (``rows`` with α, τ,
+    tokens/s, ratio to plain, round cost, c, v and bounds; ``first_compile_s`` per mode; ``target_load_s``)."""
     start = time.perf_counter()
     target = jaxspec.load(getattr(args, "target", None) or TARGET)
     jax.block_until_ready(target.params)

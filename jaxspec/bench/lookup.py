@@ -26,6 +26,8 @@ WORKLOADS = ("as is", "edit", "repeat")
 
 
 def workload_prompt(text: str, workload: str) -> str:
+    """The prompt text of ``workload`` (one of ``WORKLOADS``, see the module docstring) built from ``text``; its
+    "first line" is the first non-blank one. Raises ``ValueError`` for another workload."""
     first = next((line for line in text.splitlines() if line.strip()), text)
     if workload == "as is":
         return text
@@ -38,6 +40,9 @@ def workload_prompt(text: str, workload: str) -> str:
 
 
 def run(args) -> dict:
+    """The ``--lookup`` mode: prints one table row per (workload, drafter) as it goes; returns the JSON document
+    (``rows`` of α, τ, tokens/s and the ratio to plain; the auto drafter's row of each workload adds
+    ``auto_choices``, its decisions in the timed calls)."""
     target, draft = jaxspec.load(TARGET), jaxspec.load(draft_name(args))
     prompts = load_prompts(args.shipped_prompts)
     temp = args.temperatures[0]

@@ -12,6 +12,14 @@ from jaxspec.models import llama
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
+    """A (target, draft) pair to benchmark.
+
+    Attributes:
+      name: ``"random"`` or ``"aligned"`` (the key in ``PAIRS``).
+      target, draft: the two models (float32 Llama, random weights).
+      description: one line for the report.
+    """
+
     name: str
     target: CausalLM
     draft: CausalLM
@@ -19,6 +27,8 @@ class Pair:
 
 
 def target_config(args) -> llama.LlamaConfig:
+    """The target: ``--vocab``, ``--hidden``, ``--target-layers``; MLP 4 × hidden, heads of 64 (hidden // 64 query
+    heads, hidden // 128 KV heads, at least 1)."""
     return llama.LlamaConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -30,8 +40,9 @@ def target_config(args) -> llama.LlamaConfig:
 
 
 def draft_config(args) -> llama.LlamaConfig:
-    # Same hidden size as the target (so the aligned draft can use the target's embed/lm_head), but a narrow
-    # attention (4 query heads, 1 KV head of 64) and MLP: its step is dominated by the [hidden, vocab] lm_head.
+    """The draft: ``--draft-layers`` layers of the target's hidden size (so the aligned draft can use the target's
+    embed and lm_head) with a narrow attention (4 query heads, 1 KV head, of 64) and MLP (hidden): its step is
+    dominated by the ``[hidden, vocab]`` lm_head."""
     return llama.LlamaConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -52,12 +63,15 @@ def _scale_residual(params, scale: float):
 
 
 def random_pair(args) -> Pair:
+    """Target and draft with independent random weights (seeds ``--seed`` and ``--seed + 1``)."""
     target = llama.init(target_config(args), seed=args.seed, name="target")
     draft = llama.init(draft_config(args), seed=args.seed + 1, name="draft")
     return Pair("random", target, draft, "independent random weights (greedy α ≈ 0 expected)")
 
 
 def aligned_pair(args) -> Pair:
+    """A draft that agrees with the target most of the time: both models' ``o_proj`` and ``down_proj`` scaled by
+    ``--residual-scale``, and the draft shares the target's ``embed``, ``final_norm`` and ``lm_head`` arrays."""
     tcfg, dcfg, s = target_config(args), draft_config(args), args.residual_scale
     tparams = _scale_residual(llama.init_params(tcfg, args.seed), s)
     dparams = _scale_residual(llama.init_params(dcfg, args.seed + 1), s)

@@ -131,6 +131,8 @@ def _memory_lines(rep: PairReport) -> list[str]:
 
 
 def format_pair(rep: PairReport, args) -> str:
+    """One pair's report: step times, one table per temperature (plain vs spec, bounds and efficiencies), compile
+    times and memory."""
     lines = _header_lines(rep, args)
     for t in rep.temps:
         lines += _temp_lines(t, rep.steps_s["target_1"], args)
@@ -173,6 +175,8 @@ def _breakdown_temp_lines(bd: Breakdown, t: TempReport | None, temp: float, g: i
 
 
 def format_breakdown(bd: Breakdown, rep: PairReport, args) -> str:
+    """The in-loop time breakdown of one pair (``rep``, the same pair's report, supplies α and the speedup):
+    engine, verify and draft phase per round for each temperature, with in-loop c and v."""
     lines = [
         RULE,
         f"where the time goes inside the loop (pair {bd.pair}): ms per round = slope of wall time over rounds between "
@@ -194,6 +198,8 @@ def _ok(eff: float) -> str:
 
 
 def format_summary(reports: list[PairReport], args) -> str:
+    """One line per (pair, temperature) with c, v, α, τ, the speedup and its efficiencies (A and B marked ok, or
+    LOW under 0.9), one line of compile times per pair (OVER above 15 s), and a note on the bounds."""
     lines = [
         RULE,
         f"summary (this run γ={args.gamma}; targets: efficiency ≥ 0.9 at γ=4 for a pair with c ≤ 0.1, compile ≤ 15 s)",
@@ -232,6 +238,8 @@ def _plain(x):
 
 
 def to_json(reports: list[PairReport], breakdown: Breakdown | None, args) -> dict:
+    """The run as a JSON-ready dict: ``args``, ``backend``, ``device``, ``pairs`` (each report as nested dicts,
+    properties included) and ``breakdown`` (or None)."""
     return {
         "args": vars(args),
         "backend": jax.default_backend(),

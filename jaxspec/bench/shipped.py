@@ -27,6 +27,8 @@ def draft_name(args) -> str:
 
 
 def load_prompts(limit: int | None = None) -> list[dict]:
+    """The held-out prompts of ``checkpoints/heldout_prompts.jsonl`` (dicts with ``id``, ``category``, ``source``,
+    ``prompt``); only the first ``limit`` unless ``limit`` is None or 0."""
     with open(shipped_dir() / "heldout_prompts.jsonl") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return rows[:limit] if limit else rows
@@ -38,6 +40,8 @@ def _one(target, draft, prompt, kw, seed):
 
 
 def run(args) -> dict:
+    """The ``--shipped`` mode: prints one line per temperature as it goes; returns the JSON document (one entry of
+    ``temperatures`` per temperature, with the figures of the module docstring)."""
     target, draft = jaxspec.load(TARGET), jaxspec.load(draft_name(args))
     prompts = load_prompts(args.shipped_prompts)
     ids = [target.tokenizer.encode(p["prompt"]) for p in prompts]

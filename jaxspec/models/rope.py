@@ -25,6 +25,13 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class RopeType:
+    """A registered rope type.
+
+    Attributes:
+      fn: ``fn(head_dim, theta, **params) -> [head_dim // 2]`` inverse frequencies.
+      required, optional: the names of the ``rope_scaling`` parameters ``fn`` needs and may take.
+    """
+
     fn: Callable[..., np.ndarray]
     required: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
@@ -34,6 +41,7 @@ ROPE_TYPES: dict[str, RopeType] = {}
 
 
 def register_rope(name: str, fn: Callable[..., np.ndarray], required=(), optional=()) -> None:
+    """Add (or replace) the rope type ``name`` in ``ROPE_TYPES`` (see ``RopeType``)."""
     ROPE_TYPES[name] = RopeType(fn, tuple(required), tuple(optional))
 
 
