@@ -306,7 +306,7 @@ def test_unwritable_output_directory_as_reported_by_the_os(tmp_path, capsys, mon
     locked = tmp_path / "locked"
     locked.mkdir()
     real = os.access
-    monkeypatch.setattr(cli.os, "access", lambda p, mode: real(p, mode) and Path(p) != locked)
+    monkeypatch.setattr(os, "access", lambda p, mode: real(p, mode) and Path(p) != locked)
     assert cli.main(["generate", "--input", inp, "--output", str(locked / "o.jsonl")]) == 2
     assert f"directory {locked} is not writable" in one_error_line(capsys.readouterr().err)
     assert not (locked / "o.jsonl").exists()

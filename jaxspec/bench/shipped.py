@@ -9,13 +9,13 @@ device time) and their ratio, the measured c and v, bound B and the efficiency a
 from __future__ import annotations
 
 import importlib
-import json
 import statistics
 
 import jaxspec
 from jaxspec.bench import measure
 from jaxspec.bench.bounds import bound_cpu, bound_issue
 from jaxspec.checkpoint import shipped_dir
+from jaxspec.jsonl import read_jsonl
 
 _gen = importlib.import_module("jaxspec.generate")
 TARGET, DRAFT = "jaxspec/code-target", "jaxspec/code-draft"
@@ -29,8 +29,7 @@ def draft_name(args) -> str:
 def load_prompts(limit: int | None = None) -> list[dict]:
     """The held-out prompts of ``checkpoints/heldout_prompts.jsonl`` (dicts with ``id``, ``category``, ``source``,
     ``prompt``); only the first ``limit`` unless ``limit`` is None or 0."""
-    with open(shipped_dir() / "heldout_prompts.jsonl") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_jsonl(shipped_dir() / "heldout_prompts.jsonl")
     return rows[:limit] if limit else rows
 
 

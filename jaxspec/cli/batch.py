@@ -1,0 +1,187 @@
+"""``jaxspec generate --input in.jsonl --output out.jsonl``: the resumable batch job. Prompts are read and checked
+(``jaxspec.jsonl.read_prompts``), ids already in the output are skipped, the rest is generated ``--batch-size``
+prompts at a time and each record appended and fsync'ed as soon as its batch is done; a per-category summary
+(``records.summary_table``) goes to stdout at the end."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from jaxspec import jsonl
+from jaxspec.cli.common import CliError, warn
+from jaxspec.cli.models import check_models, gen_kwargs, is_none, load_models
+from jaxspec.cli.records import make_record, plot_acceptance, split_wall, summary_table
+from jaxspec.jsonl import Row
+
+
+def row_seed(seed: int, row_id) -> int:
+    """A row's own sampling seed: stable across batches, resumes and processes."""
+    digest = hashlib.sha256(f"{seed}:{jsonl.row_key(row_id)}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def check_paths(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(input, output) paths, checked before any model is loaded: the input is a readable file, the output a
+    different, writable file (or creatable in an existing directory); ``--plot`` needs matplotlib and a draft."""
+    inp, out = Path(args.input), Path(args.output)
+    if not inp.exists():
+        raise CliError(f"--input: {inp} does not exist")
+    if not inp.is_file():
+        raise CliError(f"--input: {inp} is not a file")
+    if not os.access(inp, os.R_OK):
+        raise CliError(f"--input: {inp} is not readable")
+    directory = out.parent
+    if out.exists() and not out.is_file():
+        raise CliError(f"--output: {out} is not a regular file")
+    if out.exists() and out.resolve() == inp.resolve():
+        raise CliError("--output: is the same file as --input")
+    if not directory.is_dir():
+        raise CliError(f"--output: directory {directory} does not exist")
+    if out.exists():
+        if not os.access(out, os.R_OK | os.W_OK):
+            raise CliError(f"--output: {out} is not readable and writable")
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        raise CliError(f"--output: directory {directory} is not writable")
+    if args.plot:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CliError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
+        plot_dir = Path(args.plot).parent
+        if not plot_dir.is_dir() or not os.access(plot_dir, os.W_OK | os.X_OK):
+            raise CliError(f"--plot: directory {plot_dir} does not exist or is not writable")
+        if is_none(args.draft):
+            raise CliError("--plot shows draft acceptance; it needs a draft (got --draft none)")
+    return inp, out
+
+
+def _read_prompts(path: Path, on_error: str) -> list[Row]:
+    rows, problems = jsonl.read_prompts(path)
+    if problems and on_error == "fail":
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CliError(f"{problems[0]}{more}; nothing was generated (--on-error skip skips bad lines)")
+    for message in problems[:20]:
+        warn(f"skipping {message}")
+    if len(problems) > 20:
+        warn(f"skipping {len(problems) - 20} more bad lines")
+    return rows
+
+
+def _read_output(path: Path) -> jsonl.Existing:
+    try:
+        return jsonl.read_output(path)
+    except jsonl.LineError as err:
+        if err.reason == jsonl.NO_ID:
+            raise CliError(f'--output: {path} line {err.line} has no valid "id"; fix or remove it') from None
+        raise CliError(
+            f"--output: {path} line {err.line} is not a JSON record (not written by jaxspec "
+            "generate?); fix or remove it, or choose another --output"
+        ) from None
+
+
+def _open(path: Path) -> jsonl.Appender:
+    try:
+        return jsonl.Appender(path)
+    except jsonl.LockedError:
+        raise CliError(f"--output: {path} is locked by another running 'jaxspec generate'") from None
+
+
+def _repair(appender: jsonl.Appender, existing: jsonl.Existing) -> None:
+    removed = appender.repair(existing)
+    if removed:
+        warn(
+            f"{appender.path} ended with a partial line ({removed} bytes, from an interrupted run); removed it, "
+            "its prompt is generated again"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """The batch job (``args.input`` is set); returns the exit code."""
+    if args.prompt is not None:
+        raise CliError("give either a prompt or --input, not both")
+    if not args.output:
+        raise CliError("--input needs --output (the JSONL file records are appended to)")
+    inp, out = check_paths(args)
+    rows = _read_prompts(inp, args.on_error)
+    if not rows:
+        raise CliError(f"--input: {inp} has no prompts")
+    existing = _read_output(out)
+    pending = [r for r in rows if r.key not in existing.records]
+    input_keys = {r.key for r in rows}
+    stray = sum(1 for k in existing.records if k not in input_keys)
+    if stray:
+        warn(f"{out} has {stray} records whose ids are not in {inp} (kept, left out of the summary)")
+    done = {r.key: existing.records[r.key] for r in rows if r.key in existing.records}
+    if done:
+        print(
+            f"jaxspec: resuming: {len(done)} of {len(rows)} ids already in {out}, {len(pending)} to generate",
+            file=sys.stderr,
+            flush=True,
+        )
+    if pending:
+        check_models(args)
+        appender = _open(out)
+        try:
+            target, draft = load_models(args)
+            _repair(appender, existing)
+            _run_batches(args, pending, target, draft, appender, done)
+        finally:
+            appender.close()
+    elif existing.partial_bytes:
+        appender = _open(out)
+        try:
+            _repair(appender, existing)
+        finally:
+            appender.close()
+    ordered = [done[r.key] for r in rows if r.key in done]
+    print(summary_table(ordered))
+    if args.plot:
+        plot_acceptance(ordered, args.plot)
+    return 0
+
+
+def _run_batches(args, pending: list[Row], target, draft, appender: jsonl.Appender, done: dict) -> None:
+    from tqdm import tqdm
+
+    import jaxspec
+
+    kw = gen_kwargs(args, draft)
+    tokens = wall = accepted = drafted = 0
+    bar = tqdm(
+        total=len(pending), unit="row", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True, desc="generate"
+    )
+    try:
+        for start in range(0, len(pending), args.batch_size):
+            batch = pending[start : start + args.batch_size]
+            prompts = [r.prompt for r in batch]
+            seeds = [row_seed(args.seed, r.id) for r in batch]
+            try:
+                result = jaxspec.generate(target, prompts, draft=draft, seed=seeds, **kw)
+                plain = None
+                if args.compare:
+                    pres = jaxspec.generate(target, prompts, draft=None, seed=seeds, **gen_kwargs(args, None))
+                    counts = [s.generated_tokens for s in pres.stats.rows]
+                    plain = list(zip(split_wall(pres.stats.wall_time_s, counts), counts))
+            except ValueError as err:
+                ids = ", ".join(repr(r.id) for r in batch)
+                raise CliError(f"generating ids {ids}: {err}") from None
+            counts = [s.generated_tokens for s in result.stats.rows]
+            walls = split_wall(result.stats.wall_time_s, counts)
+            for i, row in enumerate(batch):
+                rec = make_record(row, result, i, walls[i], None if plain is None else plain[i])
+                appender.write(rec)
+                done[row.key] = rec
+            tokens += result.stats.generated_tokens
+            wall += result.stats.wall_time_s
+            accepted += result.stats.accepted
+            drafted += result.stats.drafted
+            post = {"tok/s": f"{tokens / wall:.1f}" if wall > 0 else "-"}
+            if drafted:
+                post["α"] = f"{accepted / drafted:.3f}"
+            bar.set_postfix(post, refresh=False)
+            bar.update(len(batch))
+    finally:
+        bar.close()

@@ -1,0 +1,87 @@
+"""The target and draft named on the command line (``--target``, ``--draft``, ``--dtype``, ``--chat``): checked
+before anything is loaded, then loaded, and the keyword arguments of ``jaxspec.generate`` / ``jaxspec.stream``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from jaxspec.cli.common import CliError
+
+DEFAULT_TARGET = "smollm2-135m-instruct"  # a named model: SmolLM2-135M-Instruct (GGUF, fetched once; jaxspec.named)
+# Its shipped draft (jaxspec/smollm2-draft) is still an early checkpoint that loses to plain decoding; prompt lookup
+# is what speeds SmolLM2 up today (README, HumanEval table), so it is the default drafter.
+DEFAULT_DRAFT = "prompt_lookup"
+
+
+def is_none(draft: str) -> bool:
+    """Whether a ``--draft`` value means plain decoding (``none`` or ``plain``, any case)."""
+    return draft.lower() in ("none", "plain")
+
+
+def check_model_arg(value: str, flag: str) -> None:
+    """Raise ``CliError`` (naming ``flag``) unless ``value`` is a named model, a model directory, a GGUF file or a
+    shipped model name. Named models pass unchecked: they are installed, cached or fetched when loaded."""
+    from jaxspec import named
+    from jaxspec.checkpoint import resolve
+
+    if named.is_model(value) and not Path(value).exists():
+        return  # a failed fetch says what to run
+    try:
+        path = resolve(value)
+    except FileNotFoundError as err:
+        raise CliError(f"{flag}: {err}") from None
+    if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
+        raise CliError(
+            f"{flag}: {value!r} is not a model directory, a GGUF file, a named model or a shipped model name"
+        )
+
+
+def check_models(args: argparse.Namespace) -> None:
+    """Check ``--target``, ``--draft`` and ``--compare`` before any model is loaded."""
+    if args.compare and is_none(args.draft):
+        raise CliError("--compare needs a draft (it measures speculative against plain decoding); got --draft none")
+    check_model_arg(args.target, "--target")
+    if not is_none(args.draft) and args.draft != "prompt_lookup":
+        check_model_arg(args.draft, "--draft")
+
+
+def load_models(args: argparse.Namespace):
+    """(target ``CausalLM``, draft) from ``args``; the draft is a ``CausalLM``, ``"prompt_lookup"`` or None (plain
+    decoding). Resolves ``args.chat`` when unset: on when the target's tokenizer has a chat template."""
+    import jaxspec
+
+    def load(value, flag):
+        try:
+            return jaxspec.load(value, args.dtype)
+        except (FileNotFoundError, ValueError) as err:
+            raise CliError(f"{flag}: cannot load {value!r}: {err}") from None
+
+    target = load(args.target, "--target")
+    if is_none(args.draft):
+        draft = None
+    elif args.draft == "prompt_lookup":
+        draft = "prompt_lookup"
+    else:
+        draft = load(args.draft, "--draft")
+    if target.tokenizer is None:
+        raise CliError(f"--target: {args.target!r} has no tokenizer; the command line works with text prompts")
+    if args.chat is None:
+        args.chat = getattr(target.tokenizer, "chat_template", None) is not None
+    elif args.chat and getattr(target.tokenizer, "chat_template", None) is None:
+        raise CliError(f"--chat: {args.target!r}'s tokenizer has no chat template")
+    return target, draft
+
+
+def gen_kwargs(args: argparse.Namespace, draft) -> dict:
+    """The decoding keyword arguments of ``jaxspec.generate`` from ``args`` (``gamma`` only with a draft)."""
+    kw = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        chat=args.chat,
+    )
+    if draft is not None:
+        kw["gamma"] = args.gamma
+    return kw
