@@ -1,4 +1,4 @@
-"""Analytic speedup bounds of speculative decoding (pure functions, no JAX).
+"""Analytic speedup bounds of speculative decoding, from one acceptance rate α (pure functions).
 
 With acceptance rate α, γ drafted tokens per round, c = draft step ÷ target step and v = target verify pass over
 γ+1 tokens ÷ target step:
@@ -7,15 +7,16 @@ With acceptance rate α, γ drafted tokens per round, c = draft step ÷ target s
     bound A (the issue's)       Σ_{i=0..γ} α^i / (γc + 1)
     bound B (CPU-aware)         Σ_{i=0..γ} α^i / (γc + v)
 
-The numerator is written as the sum, so α = 0 (1) and α = 1 (γ + 1) need no special case.
+These are the textbook formulas: every draft is accepted with the same probability α, independently. The
+expected tokens are ``jaxspec.policy.cost.expected_tokens`` at that one α (the cost model ``gamma="auto"`` uses,
+which also takes a per-position acceptance); it is computed as a sum, so α = 0 (1) and α = 1 (γ + 1) are exact.
 """
 
 from __future__ import annotations
 
+from jaxspec.policy.cost import expected_tokens
 
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """(1 − α^(γ+1)) / (1 − α) written as Σ_{i=0..γ} α^i: exact at α = 0 (1) and α = 1 (γ + 1)."""
-    return float(sum(alpha**i for i in range(gamma + 1)))
+__all__ = ["bound_cpu", "bound_issue", "expected_tokens"]
 
 
 def bound_issue(alpha: float, gamma: int, c: float) -> float:

@@ -1,0 +1,300 @@
+"""``gamma="auto"``: speculate with the γ that maximizes the expected speed-up (``jaxspec.policy.cost``), or decode
+plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.1).
+
+``AutoGamma`` keeps, per model pair:
+
+  * the measured ``Costs`` per (batch bucket, cache bucket, mesh), timed once (``jaxspec.policy.timing``);
+  * per greedy/sampled mode, an ``Acceptance``: acceptance by draft position, a_i = P(draft i accepted | drafts
+    1..i−1 accepted), counted from the accept-length histograms of earlier calls with a Beta prior of
+    ``prior_alpha`` weighing ``prior_drafts`` drafts (a position never reached yet borrows the estimate of the
+    one before). Every decision multiplies the counts by 0.5 ** (1 / ``half_life``) (8 calls by default), so the
+    estimate follows a changing workload and the prior regains weight;
+  * per mode and batch bucket, a ``BatchState``: the straggler factor s = passes × τ ÷ (longest row's tokens),
+    summed over earlier calls (τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call), and the run of
+    plain decisions. After ``explore_after`` plain decisions in a row (8), if speculation would pay at the
+    optimistic acceptance max(a_i, ``prior_alpha``), one call *probes* with that γ (``Decision.probe``) to measure
+    the acceptance again; a probe that does not bring speculation back doubles the wait before the next one
+    (8, 16, 32, ... calls). A batch bucket where even the optimistic acceptance cannot pay never probes.
+
+Models are told apart by name, forward function and the identity of their weights; a drafter without a model
+(prompt lookup) by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from jaxspec.policy import timing
+from jaxspec.policy.cost import GAMMAS, Costs, Decision, expected_speedup, expected_tokens
+
+
+@dataclasses.dataclass
+class Acceptance:
+    """Acceptance counts of one (model pair, greedy/sampled) key; floats once aged by the half-life.
+
+    Attributes:
+      accepted: accepted drafts.
+      drafted: drafted tokens.
+      position_accepted: [i] rounds in which draft i + 1 was accepted.
+      position_reached: [i] rounds that reached draft i + 1 (drafts 1..i accepted).
+    """
+
+    accepted: float = 0
+    drafted: float = 0
+    position_accepted: list = dataclasses.field(default_factory=list)
+    position_reached: list = dataclasses.field(default_factory=list)
+
+    def add(self, accepted: int, drafted: int, accept_hist=()) -> None:
+        """Count a call: ``accept_hist[n]`` = rounds in which exactly n drafts were accepted."""
+        self.accepted += accepted
+        self.drafted += drafted
+        hist = list(accept_hist)
+        acc, reached = self.position_accepted, self.position_reached
+        for i in range(len(hist) - 1):  # position i + 1 is reached when >= i drafts were accepted
+            if i >= len(reached):
+                acc.append(0)
+                reached.append(0)
+            reached[i] += sum(hist[i:])
+            acc[i] += sum(hist[i + 1 :])
+
+    def age(self, keep: float) -> None:
+        """Multiply every count by ``keep``."""
+        self.accepted, self.drafted = self.accepted * keep, self.drafted * keep
+        self.position_accepted = [x * keep for x in self.position_accepted]
+        self.position_reached = [x * keep for x in self.position_reached]
+
+    def alpha(self, prior: float, weight: float) -> float:
+        """accepted ÷ drafted with a Beta prior of mean ``prior`` and ``weight`` drafts."""
+        return (self.accepted + prior * weight) / (self.drafted + weight)
+
+    def positions(self, n: int, prior: float, weight: float) -> tuple[float, ...]:
+        """a_i for i = 1..n with the prior; a position never reached borrows the one before (the prior for i = 1)."""
+        out = []
+        for i in range(n):
+            if i < len(self.position_reached) and self.position_reached[i] > 0:
+                out.append((self.position_accepted[i] + prior * weight) / (self.position_reached[i] + weight))
+            else:
+                out.append(out[-1] if out else prior)
+        return tuple(out)
+
+
+@dataclasses.dataclass
+class BatchState:
+    """What ``AutoGamma`` learns per (model pair, greedy/sampled, batch bucket).
+
+    Attributes:
+      passes_tau: Σ over observed calls of (the loop's verify passes × τ), τ = tokens ÷ row-rounds.
+      longest_tokens: Σ over the same calls of the longest row's generated tokens.
+      plain_streak: plain decisions in a row since the last speculative (or probing) one.
+      probe_wait: plain decisions in a row after which to probe (doubles after each probe; None: never probe).
+    """
+
+    passes_tau: float = 0.0
+    longest_tokens: int = 0
+    plain_streak: int = 0
+    probe_wait: int | None = None
+
+    def straggler(self) -> float:
+        """Rounds a batch needs ÷ the mean row's rounds: passes_tau ÷ longest_tokens, at least 1 (1 before any)."""
+        return max(1.0, self.passes_tau / self.longest_tokens) if self.longest_tokens else 1.0
+
+
+def _model_key(model):
+    """A model's identity for the caches: name, forward function and weights (a drafter object keys itself)."""
+    if not hasattr(model, "apply_fn"):
+        return model
+    leaves = jax.tree.leaves(model.params)
+    return (model.name, model.apply_fn, id(leaves[0]) if leaves else 0)
+
+
+class AutoGamma:
+    """The ``gamma="auto"`` policy: a cost cache and running acceptance estimates (see the module docstring; one
+    instance per process is enough: ``jaxspec.policy.DEFAULT``).
+
+    Attributes:
+      gammas: the candidate γ, sorted (γ = 0, plain decoding, is always a candidate).
+      prior_alpha: the prior acceptance per position, and the optimistic floor of a probe.
+      prior_drafts: the prior's weight in drafts.
+      margin: the least expected speed-up worth speculating for.
+      half_life: calls after which the acceptance counts weigh half (None: never forget).
+      explore_after: plain decisions in a row before the first probe (None: never probe).
+    """
+
+    def __init__(
+        self,
+        gammas=GAMMAS,
+        prior_alpha: float = 0.6,
+        prior_drafts: int = 20,
+        margin: float = 1.1,
+        half_life: float | None = 8.0,
+        explore_after: int | None = 8,
+    ):
+        if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
+            raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
+        if half_life is not None and not half_life > 0:
+            raise ValueError(f"half_life must be None (never forget) or > 0 calls, got {half_life!r}")
+        if explore_after is not None and (not isinstance(explore_after, int) or explore_after < 1):
+            raise ValueError(f"explore_after must be None (never probe) or an int >= 1, got {explore_after!r}")
+        self.gammas = tuple(sorted(set(gammas)))
+        self.prior_alpha, self.prior_drafts, self.margin = prior_alpha, prior_drafts, margin
+        self.half_life, self.explore_after = half_life, explore_after
+        self._costs: dict[tuple, Costs] = {}  # (target, draft, batch, cache_len, mesh_key) -> Costs
+        self._acceptance: dict[tuple, Acceptance] = {}  # (target, draft, greedy) -> counts
+        self._batches: dict[tuple, BatchState] = {}  # (target, draft, greedy, batch) -> straggling, plain streak
+
+    def costs(self, target, draft, batch: int, cache_len: int, round_timer=None, mesh_key=None) -> Costs:
+        """Measured once per key and cached (``timing.measure_costs``). ``round_timer(gammas)``: seconds per in-loop
+        round for each γ (γ = 0: the plain step), as ``generate`` builds it; without it r(γ) is γc + v(γ) from the
+        standalone calls."""
+        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        if key not in self._costs:
+            self._costs[key] = timing.measure_costs(target, draft, batch, cache_len, self.gammas, round_timer)
+        return self._costs[key]
+
+    def set_costs(self, target, draft, batch: int, cache_len: int, costs: Costs, mesh_key=None) -> None:
+        """Use ``costs`` instead of measuring them (tests, or figures measured elsewhere)."""
+        self._costs[(_model_key(target), _model_key(draft), batch, cache_len, mesh_key)] = costs
+
+    def alpha(self, target, draft, greedy: bool) -> tuple[float, int]:
+        """(accepted ÷ drafted with the prior, drafts observed (aged, rounded)) of the pair in this mode."""
+        counts = self._acceptance.get(self._pair(target, draft, greedy), Acceptance())
+        return counts.alpha(self.prior_alpha, self.prior_drafts), int(round(counts.drafted))
+
+    def position_acceptance(self, target, draft, greedy: bool) -> tuple[float, ...]:
+        """Estimated a_i for i = 1 .. max candidate γ (see the module docstring)."""
+        counts = self._acceptance.get(self._pair(target, draft, greedy), Acceptance())
+        return counts.positions(max(self.gammas), self.prior_alpha, self.prior_drafts)
+
+    def straggler(self, target, draft, greedy: bool, batch: int) -> float:
+        """Rounds a batch of ``batch`` rows needs ÷ the mean row's rounds (see the module docstring)."""
+        state = self._batches.get((*self._pair(target, draft, greedy), batch))
+        return 1.0 if state is None else state.straggler()
+
+    def _batch(self, target, draft, greedy: bool, batch: int) -> BatchState:
+        key = (*self._pair(target, draft, greedy), batch)
+        if key not in self._batches:
+            self._batches[key] = BatchState(probe_wait=self.explore_after)
+        return self._batches[key]
+
+    def observe(
+        self,
+        target,
+        draft,
+        greedy: bool,
+        accepted: int,
+        drafted: int,
+        accept_hist=(),
+        *,
+        batch: int | None = None,
+        passes: int = 0,
+        row_tokens=(),
+        row_rounds=(),
+    ) -> None:
+        """Record a call's counts; ``accept_hist[n]`` = rounds in which exactly n drafts were accepted. With
+        ``batch`` (the compiled batch size), ``passes`` (the loop's verify passes) and the rows' generated tokens
+        and rounds, also the batch's straggler factor."""
+        if batch is not None and passes and sum(row_rounds) and max(row_tokens, default=0):
+            tau = sum(row_tokens) / sum(row_rounds)
+            state = self._batch(target, draft, greedy, batch)
+            state.passes_tau += passes * tau
+            state.longest_tokens += max(row_tokens)
+        self._acceptance.setdefault(self._pair(target, draft, greedy), Acceptance()).add(accepted, drafted, accept_hist)
+
+    def set_alpha(self, target, draft, greedy: bool, alpha: float, drafts: int = 10_000) -> None:
+        """Overwrite the running estimate with α at every position (tests, or a value known from elsewhere)."""
+        n = max(self.gammas)
+        self._acceptance[self._pair(target, draft, greedy)] = Acceptance(
+            alpha * drafts, drafts, [alpha * drafts] * n, [drafts] * n
+        )
+
+    def _forget(self, key) -> None:
+        """Age a pair's acceptance counts by one call."""
+        if self.half_life is not None and key in self._acceptance:
+            self._acceptance[key].age(0.5 ** (1.0 / self.half_life))
+
+    def decide(
+        self,
+        target,
+        draft,
+        batch: int,
+        cache_len: int,
+        new_tokens: int,
+        greedy: bool,
+        round_timer=None,
+        mesh_key=None,
+        prompt_tokens: int | None = None,
+    ) -> Decision:
+        """Choose γ (0: plain decoding) for a call of ``batch`` rows (bucket), a cache of ``cache_len`` and
+        ``new_tokens`` new tokens; ``prompt_tokens``: the call's padded prompt length, for the prefills (see
+        ``Costs.prefills``). Measures the costs on first use of a key (``round_timer``, ``mesh_key``: see
+        ``costs``), and ages the pair's acceptance counts by one call."""
+        costs = self.costs(target, draft, batch, cache_len, round_timer, mesh_key)
+        target_prefill, draft_prefill = costs.prefills(prompt_tokens)
+        alpha, seen = self.alpha(target, draft, greedy)
+        positions = self.position_acceptance(target, draft, greedy)
+        round_costs = {g: costs.round_cost(g) for g in self.gammas}
+        straggler = self.straggler(target, draft, greedy, batch)
+
+        def speedups(acceptance):
+            return {
+                g: expected_speedup(
+                    acceptance,
+                    g,
+                    costs.c,
+                    costs.v[g],
+                    new_tokens,
+                    draft_prefill,
+                    round_costs[g],
+                    straggler,
+                    target_prefill,
+                )
+                for g in self.gammas
+            }
+
+        gains = speedups(positions)
+        taus = {g: expected_tokens(positions, g) for g in self.gammas}
+        best = max(gains, key=gains.get)
+        state = self._batch(target, draft, greedy, batch)
+        probe = False
+        if gains[best] >= self.margin:
+            reason = f"γ={best} expected {gains[best]:.2f}× plain"
+            chosen = best
+            state.plain_streak, state.probe_wait = 0, self.explore_after
+        else:
+            reason = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
+            chosen = 0
+            if self.explore_after is not None and state.plain_streak >= state.probe_wait:
+                hopeful = speedups(tuple(max(a, self.prior_alpha) for a in positions))
+                bet = max(hopeful, key=hopeful.get)
+                if hopeful[bet] >= self.margin:
+                    chosen, probe = bet, True
+                    reason = (
+                        f"probe: γ={bet} after {state.plain_streak} plain calls, to measure acceptance again (best "
+                        f"expected {gains[best]:.2f}× at the current estimate, {hopeful[bet]:.2f}× at "
+                        f"acceptance >= {self.prior_alpha})"
+                    )
+                    state.plain_streak, state.probe_wait = 0, 2 * state.probe_wait
+            if not probe:
+                state.plain_streak += 1
+        self._forget(self._pair(target, draft, greedy))
+        return Decision(
+            chosen,
+            alpha,
+            seen,
+            positions,
+            taus,
+            costs.c,
+            dict(costs.v),
+            round_costs,
+            straggler,
+            gains,
+            reason,
+            probe,
+            {"target": target_prefill, "draft": draft_prefill},
+        )
+
+    @staticmethod
+    def _pair(target, draft, greedy: bool) -> tuple:
+        return (_model_key(target), _model_key(draft), bool(greedy))

@@ -1,0 +1,136 @@
+"""The cost model of ``gamma="auto"``: expected tokens per round and the expected speed-up of speculation over
+plain decoding (pure Python, no JAX; the timings it needs come from ``jaxspec.policy.timing``).
+
+Costs are in units of one plain decoding step at the call's batch size and cache length:
+
+    r(γ)   = one speculative round ÷ one plain step, both timed inside the compiled generation loop (the loop's
+             own programs on a synthetic state): the draft steps, warping and sampling over the vocabulary, the
+             verify pass over γ+1 tokens, the rejection sampler and the bookkeeping of a round
+    c      = draft step ÷ target step                          (standalone model calls; reported)
+    v(γ)   = target pass over γ+1 tokens ÷ target step         (standalone; ~1 when memory-bound, up to γ+1 when
+                                                                 compute-bound); r(γ) = γc + v(γ) when the
+                                                                 in-loop rounds are not timed
+    p, P   = draft / target prefill ÷ target step             (standalone, timed over a few prompt tokens and
+                                                                 scaled linearly to the call's padded prompt)
+
+With a_i = P(draft i accepted | drafts 1..i−1 accepted), a round emits on average
+
+    τ(γ) = 1 + Σ_{i≤γ} Π_{j≤i} a_j          (the textbook (1 − α^(γ+1)) / (1 − α) when every a_i = α)
+
+tokens. A call of N new tokens costs P + N steps plainly and P + p + s (N / τ) r(γ) speculatively, with τ
+capped at N (a round cannot emit more than is left) and s >= 1 the straggler factor of a batch (the loop runs
+until its slowest row is done). The expected speed-up is their ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+GAMMAS = (1, 2, 4, 6)  # the candidate γ of ``AutoGamma`` by default
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Measured costs of one (model pair, batch bucket, cache bucket, mesh), in plain target steps.
+
+    Attributes:
+      c: draft step ÷ target step (0 for prompt lookup).
+      v: γ -> target pass over γ+1 tokens ÷ target step.
+      prefill: the draft's prefill ÷ target step, for ``prefill_tokens`` prompt tokens (per call if that is 0).
+      round: γ -> an in-loop speculative round ÷ an in-loop plain step; None: ``γc + v(γ)`` is used.
+      target_prefill: the target's prefill ÷ target step, for ``prefill_tokens`` prompt tokens.
+      prefill_tokens: the prompt length both prefills were timed at (0: ``prefill`` is per call, unscaled).
+    """
+
+    c: float
+    v: dict
+    prefill: float
+    round: dict | None = None
+    target_prefill: float = 0.0
+    prefill_tokens: int = 0
+
+    def prefills(self, prompt_tokens: int | None = None) -> tuple[float, float]:
+        """(target, draft) prefill of a call in plain steps, scaled linearly to its (padded) prompt length; without
+        a prompt length or a timed one, (0, ``prefill``)."""
+        if not prompt_tokens or not self.prefill_tokens:
+            return 0.0, self.prefill
+        scale = prompt_tokens / self.prefill_tokens
+        return self.target_prefill * scale, self.prefill * scale
+
+    def round_cost(self, gamma: int) -> float:
+        """r(γ): a round in plain steps, measured in the loop when it was, else ``γc + v(γ)``."""
+        if self.round is not None and gamma in self.round:
+            return self.round[gamma]
+        return gamma * self.c + self.v[gamma]
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What ``AutoGamma.decide`` chose for a call, and everything it used (``stats.policy`` is ``as_dict()``).
+
+    Attributes:
+      gamma: the chosen γ; 0 = plain decoding.
+      alpha: accepted ÷ drafted over the calls seen so far, with the prior (the prior alone before any).
+      alpha_observed_drafts: drafts behind that estimate (0: the prior alone).
+      position_acceptance: the a_i estimates used, i = 1 .. max candidate γ.
+      tau: γ -> expected tokens per round.
+      c: draft step ÷ target step.
+      v: γ -> verify pass over γ+1 tokens ÷ target step.
+      round_cost: γ -> a round in plain steps (measured in the loop, or γc + v).
+      straggler: rounds the batch needs ÷ the mean row's (learned; 1 at batch 1 and before any call).
+      expected_speedup: γ -> expected speed-up over plain decoding.
+      reason: why, in words.
+      probe: whether this is a probe: speculating after a run of plain decisions to measure acceptance again.
+      prefill: ``"target"`` / ``"draft"`` -> this call's prefill in plain steps.
+    """
+
+    gamma: int
+    alpha: float
+    alpha_observed_drafts: int
+    position_acceptance: tuple
+    tau: dict
+    c: float
+    v: dict
+    round_cost: dict
+    straggler: float
+    expected_speedup: dict
+    reason: str
+    probe: bool = False
+    prefill: dict = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """The fields as a plain dict (``GenerateStats.policy``)."""
+        return dataclasses.asdict(self)
+
+
+def expected_tokens(acceptance, gamma: int) -> float:
+    """τ(γ) = 1 + Σ_{i≤γ} Π_{j≤i} a_j, the expected tokens of a round with γ drafts. ``acceptance``: the a_i, or one
+    number α for every position (then τ is the textbook (1 − α^(γ+1)) / (1 − α), exact at α = 0 and α = 1)."""
+    positions = [acceptance] * gamma if isinstance(acceptance, numbers.Real) else list(acceptance)[:gamma]
+    tau, run = 1.0, 1.0
+    for a in positions:
+        run *= a
+        tau += run
+    return tau
+
+
+def expected_speedup(
+    alpha,
+    gamma: int,
+    c: float,
+    v: float,
+    new_tokens: int,
+    prefill: float = 0.0,
+    round_cost: float | None = None,
+    straggler: float = 1.0,
+    target_prefill: float = 0.0,
+) -> float:
+    """Plain time ÷ speculative time for ``new_tokens`` tokens: (P + N) ÷ (P + p + s (N/τ) r) with τ capped at N
+    (see the module docstring). ``alpha``: one acceptance probability for every position, or a sequence of
+    per-position ones. ``round_cost`` (a round in plain steps, measured in the loop) replaces ``gamma * c + v`` when
+    given; ``straggler`` multiplies the rounds a batch needs. ``prefill`` (the draft's) is paid by speculation
+    only, ``target_prefill`` by both."""
+    tau = min(expected_tokens(alpha, gamma), float(new_tokens))
+    cost = gamma * c + v if round_cost is None else round_cost
+    return (target_prefill + new_tokens) / (target_prefill + prefill + straggler * new_tokens / tau * cost)
