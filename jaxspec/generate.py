@@ -22,23 +22,14 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxspec import inputs as inputs_lib
-from jaxspec import loop, sharding
+from jaxspec import loop, results, sharding
 from jaxspec import policy as policy_lib
 from jaxspec.acceptance import RejectionSampler
 from jaxspec.drafters import PromptLookup
 from jaxspec.inputs import bucket_batch, bucket_cache
 from jaxspec.model import CausalLM
 from jaxspec.request import Request, make_request
-from jaxspec.results import (
-    FINISH_REASONS,
-    GenerationResult,
-    NonFiniteLogitsError,
-    RowStats,
-    Stats,
-    StreamStep,
-    build_result,
-    decode,
-)
+from jaxspec.results import FINISH_REASONS, GenerationResult, NonFiniteLogitsError, RowStats, Stats, StreamStep
 
 __all__ = [
     "FINISH_REASONS",
@@ -70,7 +61,7 @@ def choose_gamma(
     costs, timing the candidate loops on the call's placed weights the first time it sees these shapes (this
     compiles them; the run then reuses the chosen one), and from the acceptance seen in earlier calls.
     """
-    if request.gamma != "auto":
+    if not request.auto:
         return (request.gamma if request.drafter is not None else 0), None, None
     policy = request.policy or policy_lib.DEFAULT
     tparams, dparams = inputs_lib.place_params(request.target, request.draft, request.mesh, request.shard_draft)
@@ -206,7 +197,7 @@ def finish(prep: Prepared, state: loop.State, wall_time_s: float, compile_time_s
     ``NonFiniteLogitsError``."""
     kind = "draft model" if isinstance(draft, CausalLM) else "draft"
     names = f"target model {prep.target.name!r}", f"{kind} {getattr(draft, 'name', draft)!r}"
-    result = build_result(
+    result = results.build_result(
         state,
         num_rows=prep.num_rows,
         gamma=prep.spec.gamma,
@@ -339,7 +330,7 @@ class Stream:
             if prep.tokenizer is not None:
                 texts = []
                 for b in range(n):
-                    full = decode(prep.tokenizer, tokens[b, plen[b] : length[b]].tolist()) if new[b] else ""
+                    full = results.decode(prep.tokenizer, tokens[b, plen[b] : length[b]].tolist()) if new[b] else ""
                     if not new[b] or full.endswith("\ufffd"):  # hold back incomplete UTF-8 sequences
                         texts.append("")
                         continue

@@ -173,6 +173,11 @@ class Request:
         return np.asarray([len(p) for p in self.rows], np.int64)
 
     @property
+    def auto(self) -> bool:
+        """``gamma="auto"``: the policy chooses γ (``jaxspec.generate.choose_gamma``)."""
+        return isinstance(self.gamma, str)
+
+    @property
     def drafter(self) -> CausalLM | PromptLookup | None:
         """What drafts: the draft model, the ``PromptLookup``, or None."""
         return self.lookup or self.draft

@@ -1,0 +1,70 @@
+"""The host stages of ``generate`` one by one, without running a loop: the request (checks, tokenization, per-row
+values), the buckets and traced inputs, and the fixed-γ decision. Nothing here compiles."""
+
+import importlib
+
+import numpy as np
+import pytest
+from helpers import count_compiles
+
+from jaxspec import inputs
+from jaxspec.request import Request, is_int, is_real, make_request, per_row_ints, tokenize
+
+gen = importlib.import_module("jaxspec.generate")  # the module (the package attribute is the function)
+
+
+def test_number_checks_refuse_bools():
+    assert is_int(3) and is_int(np.int64(3)) and not is_int(True) and not is_int(3.0)
+    assert is_real(0.5) and is_real(2) and not is_real(False) and not is_real("1")
+    assert per_row_ints(5, "n", 3, 1).tolist() == [5, 5, 5]
+    assert per_row_ints([1, 2], "n", 2, 1).tolist() == [1, 2]
+    with pytest.raises(ValueError, match=r"n must be an int in \[0, 4\)"):
+        per_row_ints([1, 4], "n", 2, 0, 4)
+    with pytest.raises(ValueError, match="n has 1 entries but there are 2 prompts"):
+        per_row_ints([1], "n", 2, 1)
+
+
+def test_tokenize_prompt_forms(target):
+    assert tokenize(target, [1, 2, 3]) == [[1, 2, 3]]
+    assert tokenize(target, np.asarray([[1, 2], [3, 4]])) == [[1, 2], [3, 4]]
+    assert tokenize(target, [[1], np.asarray([2, 3])]) == [[1], [2, 3]]
+
+
+def test_request_expands_per_row_values(target, small_draft):
+    with count_compiles() as counts:
+        one_seed = make_request(target, [[1, 2, 3], [4]], draft=small_draft, seed=7, max_new_tokens=[5, 6])
+        per_row = make_request(target, [[1, 2, 3], [4]], seed=[7, 8], eos_token_id=[2, 3])
+    assert counts["compiles"] == 0
+    assert isinstance(one_seed, Request) and one_seed.num_rows == 2 and one_seed.lengths.tolist() == [3, 1]
+    assert one_seed.max_new.tolist() == [5, 6] and one_seed.seeds.tolist() == [7, 7]
+    assert one_seed.row_ids.tolist() == [0, 1]  # one seed: rows differ by their index
+    assert per_row.seeds.tolist() == [7, 8] and per_row.row_ids.tolist() == [0, 0]  # a row's own seed only
+    assert per_row.eos == (2, 3) and per_row.drafter is None and one_seed.drafter is small_draft
+    lookup = make_request(target, [[1, 2]], draft="prompt_lookup", gamma="auto")
+    assert lookup.draft is None and lookup.lookup is not None and lookup.auto
+
+
+def test_buckets_and_padded_inputs(target):
+    assert [inputs.bucket_batch(n) for n in (1, 3, 8, 9, 17)] == [1, 4, 8, 16, 24]
+    assert [inputs.bucket_cache(n) for n in (1, 65, 2048, 2049)] == [64, 128, 2048, 3072]
+    request = make_request(target, [[1, 2, 3], [4] * 9, [5]], max_new_tokens=[10, 60, 1], seed=3)
+    shape = inputs.buckets(request)
+    assert shape == inputs.Buckets(batch=4, cache_len=128, prompt_len=16)
+    x = inputs.loop_inputs(request, shape)
+    assert x.prompt.shape == (4, 16) and np.asarray(x.prompt)[1, :9].tolist() == [4] * 9
+    assert np.asarray(x.prompt_len).tolist() == [3, 9, 1, 1]  # the padding row: one token, inactive
+    assert np.asarray(x.active).tolist() == [True, True, True, False]
+    assert np.asarray(x.max_new).tolist() == [10, 60, 1, 1]
+    assert inputs.buckets(make_request(target, [[1, 2]], max_length=40)).cache_len == 40
+
+
+def test_fixed_gamma_decision_and_prepared(target, small_draft):
+    with_draft = make_request(target, [[1, 2]], draft=small_draft, gamma=3)
+    plain = make_request(target, [[1, 2]], gamma=3)
+    shape = inputs.buckets(with_draft)
+    assert gen.choose_gamma(with_draft, shape) == (3, None, None)
+    assert gen.choose_gamma(plain, shape) == (0, None, None)  # no drafter: plain decoding whatever γ says
+    prep = gen.prepare(target, [[1, 2]], draft=small_draft, gamma=3, max_new_tokens=4)
+    assert prep.spec.gamma == 3 and prep.draft is small_draft and prep.target is target and prep.num_rows == 1
+    tparams, dparams = prep.placed_params()
+    assert tparams is target.params and dparams is small_draft.params
