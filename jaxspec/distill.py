@@ -20,7 +20,6 @@ temperature are traced: the train step compiles once per (models, loss, batch sh
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -31,27 +30,44 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from jaxspec.generate import generate
 from jaxspec.inputs import next_pow2
+from jaxspec.losses import LOSSES, divergence, weighted_mean
 from jaxspec.model import CausalLM, full_logits
 from jaxspec.request import is_int, is_real, tokenize
+from jaxspec.training import Checkpoints, append_jsonl, due, make_optimizer, optimizer_step
+from jaxspec.training import learning_rate_at as learning_rate_at  # re-exported: jaxspec.distill.learning_rate_at
 
-LOSSES = ("fkl", "rkl", "tvd")
 LOG_FILE = "distill_log.jsonl"
+"""The log of a distillation run (online or offline), in its ``out_dir``: one JSON record a line."""
+
+optimizer = make_optimizer
+"""``optimizer(learning_rate, warmup, steps)``: distillation's optimizer, ``training.make_optimizer`` with its
+defaults (AdamW without weight decay after clipping the gradient norm to 1; warmup then cosine decay)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class DistillResult:
-    draft: CausalLM  # the input draft with the distilled params
-    alpha_before: dict  # {"greedy": α at temperature 0, "t1": α at temperature 1} on the held-out prompts
+    """What ``distill`` returns.
+
+    Attributes:
+      draft: the input draft with the distilled params.
+      alpha_before: ``{"greedy": α at temperature 0, "t1": α at temperature 1}`` on the held-out prompts, before.
+      alpha_after: the same, after.
+      steps: total optimizer steps in the checkpoint (including steps of an earlier, resumed run).
+      loss: loss of the last step (from the checkpoint when this call had nothing left to train).
+      log: the records (``{"step", "loss", "tok_s", "loss_kind"}``) written to ``out_dir/distill_log.jsonl`` by
+        this call.
+    """
+
+    draft: CausalLM
+    alpha_before: dict
     alpha_after: dict
-    steps: int  # total optimizer steps in the checkpoint (including steps of an earlier, resumed run)
-    loss: float  # loss of the last step (from the checkpoint when this call had nothing left to train)
-    log: list  # the records written to out_dir/distill_log.jsonl by this call
+    steps: int
+    loss: float
+    log: list
 
 
 # --------------------------------------------------------------------------------------------- prompts
@@ -107,55 +123,24 @@ def _prompt_ids(target: CausalLM, prompts, name: str) -> list[list[int]]:
 # --------------------------------------------------------------------------------------------- loss and step
 
 
-def divergence(kind: str, target_logits, draft_logits, temperature) -> jax.Array:
-    """Per-position divergence ``[...]`` between the temperature-warped target (p) and draft (q) distributions."""
-    log_p = jax.nn.log_softmax(target_logits.astype(jnp.float32) / temperature, axis=-1)
-    log_q = jax.nn.log_softmax(draft_logits.astype(jnp.float32) / temperature, axis=-1)
-    p, q = jnp.exp(log_p), jnp.exp(log_q)
-    if kind == "fkl":
-        return jnp.sum(p * (log_p - log_q), axis=-1)
-    if kind == "rkl":
-        return jnp.sum(q * (log_q - log_p), axis=-1)
-    if kind == "tvd":
-        return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
-    raise ValueError(f"loss must be one of {list(LOSSES)}, got {kind!r}")
-
-
-def learning_rate_at(count, learning_rate, warmup, steps):
-    """Linear warmup from 0 over ``warmup`` steps, then cosine decay to ``learning_rate / 10`` at ``steps``
-    (optax's ``warmup_cosine_decay_schedule``), written with ``jnp`` so every argument may be traced."""
-    count = jnp.asarray(count, jnp.float32)
-    warm = learning_rate * count / jnp.maximum(warmup, 1)
-    frac = jnp.clip((count - warmup) / jnp.maximum(steps - warmup, 1), 0.0, 1.0)
-    decayed = learning_rate / 10 + 0.9 * learning_rate * 0.5 * (1 + jnp.cos(jnp.pi * frac))
-    return jnp.where(count < warmup, warm, decayed)
-
-
-def optimizer(learning_rate, warmup, steps) -> optax.GradientTransformation:
-    """AdamW (no weight decay) on the schedule above, after clipping the global gradient norm to 1. The state's
-    structure does not depend on the arguments, so they are traced in the train step: never recompiled."""
-    return optax.chain(
-        optax.clip_by_global_norm(1.0),
-        optax.adamw(lambda count: learning_rate_at(count, learning_rate, warmup, steps), weight_decay=0.0),
-    )
-
-
 @functools.cache
 def train_step_fn(target: tuple, draft: tuple, kind: str):
-    """Jitted ``(params, opt_state, target_params, tokens, mask, temperature, schedule) -> (params, opt_state,
-    loss)`` with ``target``/``draft`` = ``(apply_fn, init_cache)`` and ``schedule`` = ``[learning_rate, warmup,
-    steps]`` (float32, traced). Cached: repeated or resumed runs reuse the compiled step."""
+    """Jitted ``(params, opt_state, target_params, tokens [B, T], mask [B, T], temperature, schedule [3]) ->
+    (params, opt_state, loss)``: one ``optimizer`` step on the ``mask``-weighted mean of ``divergence(kind)``
+    between the target's and the draft's next-token distributions at every position. ``target``/``draft`` =
+    ``(apply_fn, init_cache)``; ``temperature`` (float32) and ``schedule`` = ``[learning_rate, warmup, steps]``
+    (float32) are traced. Cached: repeated or resumed runs reuse the compiled step."""
 
     def loss_fn(params, target_params, tokens, mask, temperature):
         t_logits = jax.lax.stop_gradient(full_logits(*target, target_params, tokens))
         d = divergence(kind, t_logits, full_logits(*draft, params, tokens), temperature)
-        return jnp.sum(d * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+        return weighted_mean(d, mask)
 
     @jax.jit
     def step(params, opt_state, target_params, tokens, mask, temperature, schedule):
-        loss, grads = jax.value_and_grad(loss_fn)(params, target_params, tokens, mask, temperature)
-        updates, opt_state = optimizer(*schedule).update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optimizer_step(
+            loss_fn, optimizer(*schedule), params, opt_state, target_params, tokens, mask, temperature
+        )
 
     return step
 
@@ -343,26 +328,10 @@ def distill(
     out_dir = Path(out_dir).resolve()
     step_fn = train_step_fn((target.apply_fn, target.init_cache), (draft.apply_fn, draft.init_cache), loss)
     schedule = jnp.asarray([learning_rate, warmup, steps], jnp.float32)
-    state = {
-        "params": draft.params,
-        "opt_state": optimizer(*schedule).init(draft.params),
-        "step": jnp.int32(0),
-        "loss": jnp.float32(jnp.nan),
-    }
-    manager = ocp.CheckpointManager(out_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-    bar = tqdm(total=steps, disable=not progress, desc=f"distill ({loss})")
-    try:
-        start = 0
-        if manager.latest_step() is not None:
-            try:
-                state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
-            except Exception as err:  # orbax raises many kinds; all mean the same to a user
-                raise ValueError(
-                    f"out_dir {out_dir} holds a checkpoint (step {manager.latest_step()}) that does not "
-                    f"match this draft; use a new out_dir ({type(err).__name__}: {str(err)[:200]})"
-                ) from err
-            start = int(state["step"])
-            bar.update(min(start, steps))
+    state = {"params": draft.params, "opt_state": optimizer(*schedule).init(draft.params), "loss": jnp.float32(jnp.nan)}
+    with Checkpoints(out_dir) as checkpoints, tqdm(total=steps, disable=not progress, desc=f"distill ({loss})") as bar:
+        state, start = checkpoints.restore(state, name="out_dir", what="this draft")
+        bar.update(min(start, steps))
         alpha_before = measure_alpha(target, draft, held, gamma=gamma, max_new_tokens=max_new_tokens, seed=seed)
         params, opt_state, last = state["params"], state["opt_state"], state["loss"]
         log, tokens_seen, t0 = [], 0, time.perf_counter()
@@ -383,25 +352,15 @@ def distill(
             params, opt_state, last = step_fn(params, opt_state, target.params, tokens, mask, temp, schedule)
             tokens_seen += int((mask > 0).sum())
             done = step + 1
-            if done % checkpoint_every == 0 or done == steps:
-                manager.save(
-                    done,
-                    args=ocp.args.StandardSave(
-                        {"params": params, "opt_state": opt_state, "step": jnp.int32(done), "loss": last}
-                    ),
-                )
+            if due(done, checkpoint_every, steps):
+                checkpoints.save(done, {"params": params, "opt_state": opt_state, "loss": last})
             tok_s = tokens_seen / (time.perf_counter() - t0)
             bar.update(1)
             bar.set_postfix(loss=f"{float(last):.4f}", tok_s=f"{tok_s:.0f}")
-            if done % log_every == 0 or done == steps:
+            if due(done, log_every, steps):
                 record = {"step": done, "loss": float(last), "tok_s": tok_s, "loss_kind": loss}
                 log.append(record)
-                with (out_dir / LOG_FILE).open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-    finally:
-        bar.close()
-        manager.wait_until_finished()
-        manager.close()
+                append_jsonl(out_dir / LOG_FILE, record)
     new_draft = draft.replace(params=params)
     alpha_after = measure_alpha(target, new_draft, held, gamma=gamma, max_new_tokens=max_new_tokens, seed=seed)
     return DistillResult(new_draft, alpha_before, alpha_after, max(start, steps), float(last), log)
@@ -411,122 +370,11 @@ def distill(
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.distill", description=__doc__.split("\n")[0])
-    ap.add_argument("--target", required=True, help="target model: a directory or a shipped name")
-    ap.add_argument("--draft", help="draft model to distill: a directory or a shipped name")
-    ap.add_argument(
-        "--new-draft",
-        metavar="SPEC",
-        help="instead of --draft: a new Llama draft for the target, e.g. hidden=256,layers=2,heads=4,"
-        "kv_heads=1,intermediate=768 (embedding initialised from the target's), or target_layers=2 "
-        "(the target's first 2 layers, embedding and norm); add vocab=N for a reduced vocabulary "
-        "of the N ids most frequent in --data (see distill_offline)",
-    )
-    ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
-    ap.add_argument(
-        "--data",
-        metavar="JSONL",
-        help='offline mode: train on the target\'s stored outputs ({"prompt_ids", "output_ids"} '
-        "per line, from scripts/generate_distill_data.py) by cross-entropy instead of generating",
-    )
-    ap.add_argument("--out", required=True, help="checkpoint directory (a killed run resumes from it)")
-    ap.add_argument("--heldout", help="JSONL file of held-out prompts (default: the last 10%% of --prompts)")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--learning-rate", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--loss", choices=LOSSES, default="fkl")
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--on-policy", type=float, default=0.0)
-    ap.add_argument(
-        "--prompt-weight",
-        type=float,
-        default=0.0,
-        help="loss weight of the prompt's own positions (default 0: generated positions only)",
-    )
-    ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--checkpoint-every", type=int, default=50)
-    ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
-    ap.add_argument("--save-draft", help="save the distilled draft here (jaxspec.save; must not exist)")
-    ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
-    from jaxspec.checkpoint import load, save
+    """The ``jaxspec distill`` command (``python -m jaxspec.distill``); its flags live in ``jaxspec.distill_cli``.
+    Returns the ``DistillResult`` (online) or the trained draft (offline, ``--data``)."""
+    from jaxspec.distill_cli import main as cli_main
 
-    if (args.draft is None) == (args.new_draft is None):
-        ap.error("give exactly one of --draft and --new-draft")
-    if (args.prompts is None) == (args.data is None):
-        ap.error("give exactly one of --prompts (generate while training) and --data (offline)")
-    target = load(args.target, args.dtype)
-    if args.new_draft:
-        from jaxspec.distill_offline import make_draft, parse_spec, read_data
-
-        try:
-            spec = parse_spec(args.new_draft)
-        except ValueError as e:
-            ap.error(str(e))
-        draft = make_draft(target, read_data(args.data) if args.data else None, seed=args.seed, **spec)
-    else:
-        draft = load(args.draft, args.dtype)
-    if args.data:
-        return _main_offline(args, target, draft, save)
-    result = distill(
-        target,
-        draft,
-        args.prompts,
-        out_dir=args.out,
-        heldout=args.heldout,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-        learning_rate=args.learning_rate,
-        warmup=args.warmup,
-        seed=args.seed,
-        loss=args.loss,
-        temperature=args.temperature,
-        on_policy=args.on_policy,
-        gamma=args.gamma,
-        checkpoint_every=args.checkpoint_every,
-        prompt_weight=args.prompt_weight,
-        progress=not args.no_progress,
-    )
-    for key in ("greedy", "t1"):
-        print(f"alpha {key}: {result.alpha_before[key]:.3f} -> {result.alpha_after[key]:.3f}")
-    print(f"steps {result.steps}, final loss {result.loss:.4f}")
-    if args.save_draft:
-        print(f"saved the distilled draft to {save(result.draft, args.save_draft)}")
-    return result
-
-
-def _main_offline(args, target, draft, save):
-    from jaxspec.distill_offline import distill_offline
-
-    trained, log = distill_offline(
-        draft,
-        args.data,
-        out_dir=args.out,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        warmup=args.warmup,
-        seed=args.seed,
-        prompt_weight=args.prompt_weight,
-        checkpoint_every=args.checkpoint_every,
-        progress=not args.no_progress,
-    )
-    if log:
-        print(f"steps {log[-1]['step']}, final loss {log[-1]['loss']:.4f}")
-    if args.heldout:
-        held = read_prompts(args.heldout)
-        alpha = measure_alpha(
-            target, trained, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed
-        )
-        print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
-    if args.save_draft:
-        trained = trained.replace(name=Path(args.save_draft).name)
-        print(f"saved the distilled draft to {save(trained, args.save_draft, storage_dtype='bfloat16')}")
-    return trained
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

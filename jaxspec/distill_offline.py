@@ -29,17 +29,19 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from jaxspec.distill import LOG_FILE, optimizer
+from jaxspec.distill import LOG_FILE
+from jaxspec.losses import token_nll, weighted_mean
 from jaxspec.model import CausalLM
 from jaxspec.models import llama
+from jaxspec.training import Checkpoints, append_jsonl, due, make_optimizer, optimizer_step
 
 
 def read_data(path) -> list[tuple[list[int], list[int]]]:
-    """``(prompt_ids, output_ids)`` per line of a JSONL data file."""
+    """``(prompt_ids, output_ids)`` per line of a JSONL data file (``{"prompt_ids": [...], "output_ids": [...]}``
+    records, as ``scripts/generate_distill_data.py`` writes them; blank lines skipped). ``ValueError`` names the
+    first bad line; ``FileNotFoundError`` for a missing file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
@@ -74,7 +76,9 @@ _SPEC_KEYS = {
 
 
 def parse_spec(text: str) -> dict:
-    """``"hidden=256,layers=2"`` -> keyword arguments of ``make_draft``."""
+    """``"hidden=256,layers=2"`` (a ``--new-draft`` spec; keys: hidden, layers, heads, kv_heads, intermediate,
+    target_layers, vocab) -> keyword arguments of ``make_draft``. ``ValueError`` for an unknown key, a value that
+    is not a positive int, or ``target_layers`` with anything but ``vocab``."""
     out = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -248,8 +252,10 @@ def _bucket(length: int, max_length: int) -> int:
 
 @functools.cache
 def train_step_fn(cfg: llama.LlamaConfig):
-    """Jitted ``(params, opt_state, tokens, select, weight, schedule) -> (params, opt_state, loss)``: weighted
-    next-token cross-entropy at the selected positions; ``schedule = [learning_rate, warmup, steps]`` is traced."""
+    """Jitted ``(params, opt_state, tokens [B, T], select [B, S], weight [B, S], schedule [3]) -> (params,
+    opt_state, loss)`` for a draft of config ``cfg``: one ``make_optimizer`` step on the weighted next-token
+    cross-entropy at the selected positions (``batch_at``'s); ``schedule = [learning_rate, warmup, steps]``
+    (float32) is traced. A reduced-vocabulary draft skips labels outside its ids. Cached per config."""
     _, init_cache = llama.model_fns(cfg)
 
     def loss_fn(params, tokens, select, weight):
@@ -263,15 +269,11 @@ def train_step_fn(cfg: llama.LlamaConfig):
             weight = weight * (labels < len(cfg.vocab_ids))
             labels = jnp.where(labels < len(cfg.vocab_ids), labels, 0)
             logits = logits.at[..., -1].set(-jnp.inf)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, labels[:, :, None], axis=-1)[..., 0]
-        return jnp.sum(nll * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+        return weighted_mean(token_nll(logits, labels), weight)
 
     @jax.jit
     def step(params, opt_state, tokens, select, weight, schedule):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, select, weight)
-        updates, opt_state = optimizer(*schedule).update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optimizer_step(loss_fn, make_optimizer(*schedule), params, opt_state, tokens, select, weight)
 
     return step
 
@@ -292,8 +294,13 @@ def distill_offline(
     log_every: int = 10,
     progress: bool = True,
 ) -> tuple[CausalLM, list]:
-    """Train ``draft`` on ``data`` (a JSONL path or ``read_data``'s list); resumes from ``out_dir``.
-    Returns the draft with the trained params and the log records of this call."""
+    """Train ``draft`` (a Llama-family ``CausalLM``) on ``data`` (a JSONL path or ``read_data``'s list) by weighted
+    cross-entropy (``batch_at``, ``train_step_fn``); resumes from the latest checkpoint in ``out_dir``.
+
+    ``warmup`` defaults to ``steps // 20``; the schedule and optimizer are ``training.make_optimizer``'s (AdamW,
+    no weight decay). Every ``log_every`` steps a record ``{"step", "loss", "tok_s", "loss_kind"}`` is appended to
+    ``out_dir/distill_log.jsonl``. Returns the draft with the trained params and this call's log records.
+    """
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
     for name, value in (("steps", steps), ("batch_size", batch_size), ("checkpoint_every", checkpoint_every)):
         if not isinstance(value, int) or value < 1:
@@ -312,19 +319,13 @@ def distill_offline(
     schedule = jnp.asarray([learning_rate, warmup, steps], jnp.float32)
     state = {
         "params": draft.params,
-        "opt_state": optimizer(*schedule).init(draft.params),
-        "step": jnp.int32(0),
+        "opt_state": make_optimizer(*schedule).init(draft.params),
         "loss": jnp.float32(jnp.nan),
     }
-    manager = ocp.CheckpointManager(out_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-    bar = tqdm(total=steps, disable=not progress, desc="distill (offline)")
     log = []
-    try:
-        start = 0
-        if manager.latest_step() is not None:
-            state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
-            start = int(state["step"])
-            bar.update(min(start, steps))
+    with Checkpoints(out_dir) as checkpoints, tqdm(total=steps, disable=not progress, desc="distill (offline)") as bar:
+        state, start = checkpoints.restore(state, name="out_dir", what="this draft")
+        bar.update(min(start, steps))
         params, opt_state, last = state["params"], state["opt_state"], state["loss"]
         seen, t0 = 0, time.perf_counter()
         for step in range(start, steps):
@@ -334,15 +335,10 @@ def distill_offline(
             params, opt_state, last = step_fn(params, opt_state, tokens, select, weight, schedule)
             seen += int((weight > 0).sum())
             done = step + 1
-            if done % checkpoint_every == 0 or done == steps:
-                manager.save(
-                    done,
-                    args=ocp.args.StandardSave(
-                        {"params": params, "opt_state": opt_state, "step": jnp.int32(done), "loss": last}
-                    ),
-                )
+            if due(done, checkpoint_every, steps):
+                checkpoints.save(done, {"params": params, "opt_state": opt_state, "loss": last})
             bar.update(1)
-            if done % log_every == 0 or done == steps:
+            if due(done, log_every, steps):
                 record = {
                     "step": done,
                     "loss": float(last),
@@ -351,10 +347,5 @@ def distill_offline(
                 }
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 log.append(record)
-                with (out_dir / LOG_FILE).open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-    finally:
-        bar.close()
-        manager.wait_until_finished()
-        manager.close()
+                append_jsonl(out_dir / LOG_FILE, record)
     return draft.replace(params=params), log

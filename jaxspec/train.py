@@ -21,26 +21,40 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 
 from jaxspec import corpus
 from jaxspec.model import full_logits
 from jaxspec.models import llama
+from jaxspec.training import Checkpoints, append_jsonl, due, make_optimizer, optimizer_step
 
-# The shipped pair: same tokenizer; the draft is far cheaper per decode step.
 PAIR_CONFIGS = {
     "target": dict(hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2),
     "draft": dict(
         hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1, tie_embeddings=True
     ),
 }
+"""The shipped pair's ``LlamaConfig`` fields (all but ``vocab_size``, the run's tokenizer's) by model name: one
+tokenizer for both; the draft is far cheaper per decode step."""
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """Hyper-parameters of one ``train`` call (each is also a ``--flag`` of ``python -m jaxspec.train``).
+
+    Attributes:
+      steps: total optimizer steps of the run (a resumed run trains up to this many).
+      batch_size: windows per batch (``B``).
+      seq_len: tokens per window (``T``; a window holds ``T + 1`` tokens: inputs and next-token labels).
+      learning_rate: peak learning rate, reached after ``warmup`` steps; cosine decay to a tenth of it at ``steps``.
+      warmup: linear warmup steps.
+      weight_decay: AdamW's decoupled weight decay.
+      seed: parameter initialisation and batch sampling (batches are a pure function of (seed, step)).
+      checkpoint_every: steps between orbax checkpoints (and one at the last step).
+      eval_every: steps between held-out loss evaluations (and one at the last step).
+    """
+
     steps: int = 6000
     batch_size: int = 16
     seq_len: int = 256
@@ -53,7 +67,8 @@ class TrainConfig:
 
 
 def prepare_run(run: Path, vocab_size: int = 4096) -> None:
-    """Tokenizer and encoded splits, made once per run directory."""
+    """Make the run's tokenizer (``run/tokenizer``, ``vocab_size`` ids) and encoded corpus splits
+    (``run/train.npy``, ``run/heldout.npy``: 1-D int token streams), each only if it is not there yet."""
     tok_dir = run / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
         corpus.train_tokenizer(tok_dir, vocab_size)
@@ -64,17 +79,22 @@ def prepare_run(run: Path, vocab_size: int = 4096) -> None:
 
 
 def model_config(name: str, vocab_size: int) -> llama.LlamaConfig:
+    """The ``LlamaConfig`` of the pair's model ``name`` ("target" or "draft") over a ``vocab_size`` vocabulary."""
     return llama.LlamaConfig(vocab_size=vocab_size, **PAIR_CONFIGS[name])
 
 
 def batch_at(data: np.ndarray, cfg: TrainConfig, step: int) -> np.ndarray:
-    """``[B, seq_len + 1]`` windows; a pure function of (seed, step)."""
+    """Training batch ``step``: ``[B, seq_len + 1]`` windows of the token stream ``data`` at random offsets, a pure
+    function of (``cfg.seed``, ``step``), so a resumed run sees the same batches as an uninterrupted one."""
     rng = np.random.default_rng([cfg.seed, step])
     starts = rng.integers(0, len(data) - cfg.seq_len - 1, size=cfg.batch_size)
     return np.stack([data[s : s + cfg.seq_len + 1] for s in starts])
 
 
 def make_loss(apply_fn, init_cache):
+    """``loss_fn(params, batch [B, T + 1]) -> scalar``: mean next-token cross-entropy against the batch's own
+    tokens, for the model ``(apply_fn, init_cache)``."""
+
     def loss_fn(params, batch):
         logits = full_logits(apply_fn, init_cache, params, batch[:, :-1])
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
@@ -83,7 +103,8 @@ def make_loss(apply_fn, init_cache):
 
 
 def make_distill_loss(apply_fn, init_cache, teacher_apply, teacher_init_cache, teacher_params):
-    """Cross-entropy of the student against the teacher's next-token distribution (= forward KL + const)."""
+    """``loss_fn(params, batch [B, T + 1]) -> scalar``: mean cross-entropy of the student ``(apply_fn,
+    init_cache)`` against the frozen teacher's next-token distribution (= forward KL + the teacher's entropy)."""
 
     def loss_fn(params, batch):
         inputs = batch[:, :-1]
@@ -95,32 +116,28 @@ def make_distill_loss(apply_fn, init_cache, teacher_apply, teacher_init_cache, t
 
 
 def optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, cfg.warmup, cfg.steps, cfg.learning_rate / 10)
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.95, weight_decay=cfg.weight_decay))
+    """The pair's optimizer: ``make_optimizer`` with ``cfg``'s schedule and weight decay, ``b2`` = 0.95."""
+    return make_optimizer(cfg.learning_rate, cfg.warmup, cfg.steps, weight_decay=cfg.weight_decay, b2=0.95)
 
 
 def tokenizer_vocab_size(run: Path) -> int:
+    """The number of ids of the run's tokenizer (``run/tokenizer/tokenizer.json``)."""
     return len(json.loads((run / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"])
 
 
 def latest_params(run: Path, name: str, mcfg: llama.LlamaConfig | None = None):
-    """The latest checkpointed parameters of model ``name`` in ``run`` and its config."""
+    """``(params, config, step)``: the latest checkpointed parameters of model ``name`` in ``run``, its config
+    (``mcfg``, else ``run/<name>_config.json``) and the checkpoint's step. ``FileNotFoundError`` when it has none."""
     run = Path(run).resolve()
     if mcfg is None:
         fields = json.loads((run / f"{name}_config.json").read_text())
         mcfg = llama.LlamaConfig(**{k: tuple(map(tuple, v)) if k == "rope_params" else v for k, v in fields.items()})
-    manager = ocp.CheckpointManager(run / f"ckpt_{name}")
-    step = manager.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint of {name!r} in {run}; train it first")
-    abstract = jax.eval_shape(lambda: llama.init_params(mcfg, 0))
-    opt_state = jax.eval_shape(optimizer(TrainConfig()).init, abstract)
-    state = manager.restore(
-        step,
-        args=ocp.args.StandardRestore(
-            {"params": abstract, "opt_state": opt_state, "step": jax.ShapeDtypeStruct((), jnp.int32)}
-        ),
-    )
+    with Checkpoints(run / f"ckpt_{name}", max_to_keep=None, create=False) as checkpoints:
+        if checkpoints.latest_step is None:
+            raise FileNotFoundError(f"no checkpoint of {name!r} in {run}; train it first")
+        abstract = jax.eval_shape(lambda: llama.init_params(mcfg, 0))
+        opt_state = jax.eval_shape(optimizer(TrainConfig()).init, abstract)
+        state, step = checkpoints.restore({"params": abstract, "opt_state": opt_state}, what=f"model {name!r}")
     return state["params"], mcfg, step
 
 
@@ -132,9 +149,11 @@ def train(
     teacher: str | None = None,
     teacher_cfg: llama.LlamaConfig | None = None,
 ) -> dict:
-    """Train model ``name`` on ``run/train.npy`` (made by ``prepare_run``); resumes from ``run/ckpt_<name>``.
+    """Train model ``name`` (config ``mcfg``, else the pair's) on ``run/train.npy`` (made by ``prepare_run``);
+    resumes from the latest checkpoint in ``run/ckpt_<name>``. Logs to ``run/<name>_log.jsonl`` and stdout.
 
-    With ``teacher`` (a model name in the same run), distill from its latest checkpoint instead of the labels.
+    With ``teacher`` (a model name in the same run, config ``teacher_cfg`` or its saved one), distill from its
+    latest checkpoint instead of the labels. Returns ``{"params": ..., "config": mcfg}``.
     """
     run = Path(run).resolve()
     data = np.load(run / "train.npy")
@@ -151,46 +170,36 @@ def train(
 
     @jax.jit
     def train_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optimizer_step(loss_fn, opt, params, opt_state, batch)
 
     span = cfg.seq_len + 1
     eval_batch = np.stack([heldout[i : i + span] for i in range(0, min(64, len(heldout) // span) * span, span)])
 
     params = llama.init_params(mcfg, cfg.seed)
-    state = {"params": params, "opt_state": opt.init(params), "step": jnp.int32(0)}
-    manager = ocp.CheckpointManager(
-        run / f"ckpt_{name}", options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
-    )
-    start_step = 0
-    if manager.latest_step() is not None:
-        state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
-        start_step = int(state["step"])
-        print(f"resumed {name} at step {start_step}", flush=True)
-    (run / f"{name}_config.json").write_text(json.dumps(dataclasses.asdict(mcfg), indent=2))
-    n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
-    print(f"{name}: {n_params / 1e6:.2f} M params, {len(data) / 1e6:.1f} M train tokens", flush=True)
+    with Checkpoints(run / f"ckpt_{name}") as checkpoints:
+        state, start_step = checkpoints.restore(
+            {"params": params, "opt_state": opt.init(params)}, what=f"model {name!r}"
+        )
+        if checkpoints.latest_step is not None:
+            print(f"resumed {name} at step {start_step}", flush=True)
+        (run / f"{name}_config.json").write_text(json.dumps(dataclasses.asdict(mcfg), indent=2))
+        n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
+        print(f"{name}: {n_params / 1e6:.2f} M params, {len(data) / 1e6:.1f} M train tokens", flush=True)
 
-    params, opt_state = state["params"], state["opt_state"]
-    log = run / f"{name}_log.jsonl"
-    t0, tokens = time.perf_counter(), 0
-    for step in range(start_step, cfg.steps):
-        params, opt_state, loss = train_step(params, opt_state, batch_at(data, cfg, step))
-        tokens += cfg.batch_size * cfg.seq_len
-        done = step + 1
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            manager.save(
-                done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state, "step": jnp.int32(done)})
-            )
-        if done % 50 == 0 or done == cfg.steps:
-            record = {"step": done, "loss": float(loss), "tok_s": tokens / (time.perf_counter() - t0)}
-            if done % cfg.eval_every == 0 or done == cfg.steps:
-                record["heldout_loss"] = float(eval_loss(params, eval_batch))
-            with log.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            print(json.dumps(record), flush=True)
-    manager.wait_until_finished()
+        params, opt_state = state["params"], state["opt_state"]
+        t0, tokens = time.perf_counter(), 0
+        for step in range(start_step, cfg.steps):
+            params, opt_state, loss = train_step(params, opt_state, batch_at(data, cfg, step))
+            tokens += cfg.batch_size * cfg.seq_len
+            done = step + 1
+            if due(done, cfg.checkpoint_every, cfg.steps):
+                checkpoints.save(done, {"params": params, "opt_state": opt_state})
+            if due(done, 50, cfg.steps):
+                record = {"step": done, "loss": float(loss), "tok_s": tokens / (time.perf_counter() - t0)}
+                if due(done, cfg.eval_every, cfg.steps):
+                    record["heldout_loss"] = float(eval_loss(params, eval_batch))
+                append_jsonl(run / f"{name}_log.jsonl", record)
+                print(json.dumps(record), flush=True)
     return {"params": params, "config": mcfg}
 
 
@@ -212,6 +221,7 @@ def export(run: Path, name: str, out_dir: Path, bf16: bool = False) -> Path:
 
 
 def main(argv=None):
+    """``python -m jaxspec.train``: train (``--model``) or export (``--export``) a model of a run directory."""
     ap = argparse.ArgumentParser(prog="python -m jaxspec.train", description=__doc__.split("\n")[0])
     ap.add_argument("--run", required=True, help="run directory (created; resumed if it has checkpoints)")
     ap.add_argument("--model", choices=sorted(PAIR_CONFIGS), help="the model to train")

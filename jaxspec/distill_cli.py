@@ -1,0 +1,141 @@
+"""The ``jaxspec distill`` command (also ``python -m jaxspec.distill``): flags -> ``jaxspec.distill.distill``
+(online: ``--prompts``) or ``jaxspec.distill_offline.distill_offline`` (offline: ``--data``), on a loaded
+``--draft`` or a ``--new-draft`` made for the target.
+
+    jaxspec distill --target jaxspec/code-target --draft jaxspec/code-draft --prompts p.jsonl --out runs/d
+    jaxspec distill --target smollm2-135m-instruct --new-draft hidden=256,layers=4 --data outputs.jsonl --out runs/d
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+from jaxspec.distill import LOSSES, distill, measure_alpha, read_prompts
+
+DESCRIPTION = importlib.import_module("jaxspec.distill").__doc__.split("\n")[0]
+"""The command's one-line description (the first line of ``jaxspec.distill``'s docstring)."""
+
+
+def main(argv=None):
+    """Parse the ``jaxspec distill`` flags (``argv``; None: ``sys.argv``), load the models, train, print α and the
+    final loss, save the draft with ``--save-draft``. Returns the ``DistillResult`` online, the trained draft
+    offline (``--data``). Bad flags exit through ``argparse`` (status 2)."""
+    ap = argparse.ArgumentParser(prog="python -m jaxspec.distill", description=DESCRIPTION)
+    ap.add_argument("--target", required=True, help="target model: a directory or a shipped name")
+    ap.add_argument("--draft", help="draft model to distill: a directory or a shipped name")
+    ap.add_argument(
+        "--new-draft",
+        metavar="SPEC",
+        help="instead of --draft: a new Llama draft for the target, e.g. hidden=256,layers=2,heads=4,"
+        "kv_heads=1,intermediate=768 (embedding initialised from the target's), or target_layers=2 "
+        "(the target's first 2 layers, embedding and norm); add vocab=N for a reduced vocabulary "
+        "of the N ids most frequent in --data (see distill_offline)",
+    )
+    ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
+    ap.add_argument(
+        "--data",
+        metavar="JSONL",
+        help='offline mode: train on the target\'s stored outputs ({"prompt_ids", "output_ids"} '
+        "per line, from scripts/generate_distill_data.py) by cross-entropy instead of generating",
+    )
+    ap.add_argument("--out", required=True, help="checkpoint directory (a killed run resumes from it)")
+    ap.add_argument("--heldout", help="JSONL file of held-out prompts (default: the last 10%% of --prompts)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--learning-rate", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loss", choices=LOSSES, default="fkl")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--on-policy", type=float, default=0.0)
+    ap.add_argument(
+        "--prompt-weight",
+        type=float,
+        default=0.0,
+        help="loss weight of the prompt's own positions (default 0: generated positions only)",
+    )
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--checkpoint-every", type=int, default=50)
+    ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
+    ap.add_argument("--save-draft", help="save the distilled draft here (jaxspec.save; must not exist)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    from jaxspec.checkpoint import load, save
+
+    if (args.draft is None) == (args.new_draft is None):
+        ap.error("give exactly one of --draft and --new-draft")
+    if (args.prompts is None) == (args.data is None):
+        ap.error("give exactly one of --prompts (generate while training) and --data (offline)")
+    target = load(args.target, args.dtype)
+    if args.new_draft:
+        from jaxspec.distill_offline import make_draft, parse_spec, read_data
+
+        try:
+            spec = parse_spec(args.new_draft)
+        except ValueError as e:
+            ap.error(str(e))
+        draft = make_draft(target, read_data(args.data) if args.data else None, seed=args.seed, **spec)
+    else:
+        draft = load(args.draft, args.dtype)
+    if args.data:
+        return _run_offline(args, target, draft, save)
+    result = distill(
+        target,
+        draft,
+        args.prompts,
+        out_dir=args.out,
+        heldout=args.heldout,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        learning_rate=args.learning_rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        loss=args.loss,
+        temperature=args.temperature,
+        on_policy=args.on_policy,
+        gamma=args.gamma,
+        checkpoint_every=args.checkpoint_every,
+        prompt_weight=args.prompt_weight,
+        progress=not args.no_progress,
+    )
+    for key in ("greedy", "t1"):
+        print(f"alpha {key}: {result.alpha_before[key]:.3f} -> {result.alpha_after[key]:.3f}")
+    print(f"steps {result.steps}, final loss {result.loss:.4f}")
+    if args.save_draft:
+        print(f"saved the distilled draft to {save(result.draft, args.save_draft)}")
+    return result
+
+
+def _run_offline(args, target, draft, save):
+    """``--data``: ``distill_offline`` on the stored outputs, α on ``--heldout`` if given, ``--save-draft`` in bf16."""
+    from jaxspec.distill_offline import distill_offline
+
+    trained, log = distill_offline(
+        draft,
+        args.data,
+        out_dir=args.out,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        prompt_weight=args.prompt_weight,
+        checkpoint_every=args.checkpoint_every,
+        progress=not args.no_progress,
+    )
+    if log:
+        print(f"steps {log[-1]['step']}, final loss {log[-1]['loss']:.4f}")
+    if args.heldout:
+        held = read_prompts(args.heldout)
+        alpha = measure_alpha(
+            target, trained, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed
+        )
+        print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
+    if args.save_draft:
+        trained = trained.replace(name=Path(args.save_draft).name)
+        print(f"saved the distilled draft to {save(trained, args.save_draft, storage_dtype='bfloat16')}")
+    return trained
