@@ -107,12 +107,13 @@ class Decision:
 def expected_tokens(acceptance, gamma: int) -> float:
     """τ(γ) = 1 + Σ_{i≤γ} Π_{j≤i} a_j, the expected tokens of a round with γ drafts. ``acceptance``: the a_i, or one
     number α for every position (then τ is the textbook (1 − α^(γ+1)) / (1 − α), exact at α = 0 and α = 1)."""
-    positions = [acceptance] * gamma if isinstance(acceptance, numbers.Real) else list(acceptance)[:gamma]
+    one = isinstance(acceptance, numbers.Real) or getattr(acceptance, "ndim", None) == 0  # a 0-d array too
+    positions = [acceptance] * gamma if one else list(acceptance)[:gamma]
     tau, run = 1.0, 1.0
     for a in positions:
         run *= a
         tau += run
-    return tau
+    return float(tau)
 
 
 def expected_speedup(
