@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from jaxspec import loop, sharding
+from jaxspec.policy.cost import position_counts
 
 FINISH_REASONS = {loop.FINISH_EOS: "eos", loop.FINISH_LENGTH: "length", loop.FINISH_CACHE: "cache"}
 """Finish codes stored on device -> the names in ``GenerationResult.finish_reasons`` (a row not finished:
@@ -51,12 +52,8 @@ class _Counts:
     @property
     def position_acceptance(self) -> tuple[float | None, ...]:
         """For each draft position i: P(draft i accepted | the drafts before it were accepted); length γ."""
-        hist = np.asarray(self.accept_hist)
-        out = []
-        for i in range(len(hist) - 1):
-            reached = hist[i:].sum()
-            out.append(float(hist[i + 1 :].sum() / reached) if reached else None)
-        return tuple(out)
+        reached, accepted = position_counts(self.accept_hist)
+        return tuple(a / r if r else None for a, r in zip(accepted, reached))
 
 
 @dataclasses.dataclass(frozen=True)

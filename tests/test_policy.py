@@ -254,3 +254,13 @@ def test_estimates_forget_and_plain_decisions_probe_again(target, small_draft):
         AutoGamma(explore_after=0)
     with pytest.raises(ValueError, match="half_life"):
         AutoGamma(half_life=0)
+
+
+def test_position_counts_from_histogram():
+    from jaxspec.policy.cost import position_counts
+
+    # 3 rounds accepted none, 2 accepted one, 1 accepted both drafts (γ = 2), counted by hand:
+    # draft 1 is checked in all 6 rounds and accepted in 3; draft 2 is checked in 3 and accepted in 1.
+    assert position_counts([3, 2, 1]) == ([6, 3], [3, 1])
+    assert position_counts([0, 0, 0, 5]) == ([5, 5, 5], [5, 5, 5])
+    assert position_counts([4]) == ([], [])  # γ = 0: no draft position

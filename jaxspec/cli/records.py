@@ -7,6 +7,7 @@ import sys
 
 from jaxspec.cli.common import warn
 from jaxspec.jsonl import Row
+from jaxspec.policy.cost import position_counts
 
 
 def accept_lengths(hist) -> list[int]:
@@ -109,13 +110,13 @@ def position_acceptance(records: list[dict]) -> list[float | None]:
     where no row reached position i."""
     reached, passed = [], []
     for rec in records:
-        hist = rec.get("accept_hist") or []
-        for i in range(len(hist) - 1):  # a row with γ drafts has len(hist) == γ + 1
+        row_reached, row_passed = position_counts(rec.get("accept_hist") or [])
+        for i, (r, a) in enumerate(zip(row_reached, row_passed)):  # rows may differ in γ
             if i == len(reached):
                 reached.append(0)
                 passed.append(0)
-            reached[i] += sum(hist[i:])
-            passed[i] += sum(hist[i + 1 :])
+            reached[i] += r
+            passed[i] += a
     return [p / r if r else None for p, r in zip(passed, reached)]
 
 

@@ -27,7 +27,7 @@ import dataclasses
 import jax
 
 from jaxspec.policy import timing
-from jaxspec.policy.cost import GAMMAS, Costs, Decision, expected_speedup, expected_tokens
+from jaxspec.policy.cost import GAMMAS, Costs, Decision, expected_speedup, expected_tokens, position_counts
 
 
 @dataclasses.dataclass
@@ -50,14 +50,13 @@ class Acceptance:
         """Count a call: ``accept_hist[n]`` = rounds in which exactly n drafts were accepted."""
         self.accepted += accepted
         self.drafted += drafted
-        hist = list(accept_hist)
         acc, reached = self.position_accepted, self.position_reached
-        for i in range(len(hist) - 1):  # position i + 1 is reached when >= i drafts were accepted
+        for i, (r, a) in enumerate(zip(*position_counts(accept_hist))):
             if i >= len(reached):
                 acc.append(0)
                 reached.append(0)
-            reached[i] += sum(hist[i:])
-            acc[i] += sum(hist[i + 1 :])
+            reached[i] += r
+            acc[i] += a
 
     def age(self, keep: float) -> None:
         """Multiply every count by ``keep``."""

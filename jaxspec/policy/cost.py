@@ -30,6 +30,16 @@ import numbers
 GAMMAS = (1, 2, 4, 6)  # the candidate γ of ``AutoGamma`` by default
 
 
+def position_counts(accept_hist) -> tuple[list[int], list[int]]:
+    """Per draft position, from an accept-length histogram (``accept_hist[n]`` = rounds in which exactly n drafts
+    were accepted; length γ+1): ``(reached, accepted)``, each of length γ, where ``reached[i]`` counts the rounds
+    that checked draft i+1 (at least i drafts accepted) and ``accepted[i]`` those that accepted it (at least i+1).
+    ``accepted[i] / reached[i]`` is P(draft i+1 accepted | the drafts before it accepted)."""
+    hist = list(accept_hist)
+    reached = [sum(hist[i:]) for i in range(len(hist) - 1)]
+    return reached, [sum(hist[i + 1 :]) for i in range(len(hist) - 1)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Costs:
     """Measured costs of one (model pair, batch bucket, cache bucket, mesh), in plain target steps.
