@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxspec import jsonl
 from jaxspec.generate import generate
 from jaxspec.inputs import next_pow2
 from jaxspec.losses import LOSSES, divergence, weighted_mean
@@ -80,13 +80,11 @@ def read_prompts(path) -> list:
     if not path.is_file():
         raise FileNotFoundError(f"prompts file {path} does not exist")
     out = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: line {lineno} is not valid JSON ({err.msg})") from None
+    try:
+        records = list(jsonl.iter_jsonl(path))
+    except jsonl.LineError as err:
+        raise ValueError(f"{path}: line {err.line} is {err.reason}") from None
+    for lineno, record in records:
         if isinstance(record, dict) and "prompt" in record:
             prompt = record["prompt"]
         elif isinstance(record, dict) and isinstance(record.get("turns"), list) and record["turns"]:

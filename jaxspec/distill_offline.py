@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxspec import jsonl
 from jaxspec.distill import LOG_FILE
 from jaxspec.losses import token_nll, weighted_mean
 from jaxspec.model import CausalLM
@@ -45,17 +45,17 @@ def read_data(path) -> list[tuple[list[int], list[int]]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
+    bad = '{path}: line {line} is not a {{"prompt_ids": [...], "output_ids": [...]}} record'
+    try:
+        records = list(jsonl.iter_jsonl(path))
+    except jsonl.LineError as err:
+        raise ValueError(bad.format(path=path, line=err.line)) from None
     out = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for lineno, rec in records:
         try:
-            rec = json.loads(line)
             prompt, output = rec["prompt_ids"], rec["output_ids"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(
-                f'{path}: line {lineno} is not a {{"prompt_ids": [...], "output_ids": [...]}} record'
-            ) from None
+        except (KeyError, TypeError):
+            raise ValueError(bad.format(path=path, line=lineno)) from None
         if not prompt or not all(isinstance(t, int) for t in prompt + output):
             raise ValueError(f"{path}: line {lineno}: prompt_ids must be a non-empty list of ints, output_ids ints")
         out.append((prompt, output))
