@@ -15,7 +15,6 @@ Prompt ids are written with ``--prompts-out`` so transformers can be timed on th
 
 from __future__ import annotations
 
-import importlib
 import json
 import statistics
 import time
@@ -26,10 +25,10 @@ import jaxspec
 from jaxspec import named
 from jaxspec.bench import measure
 from jaxspec.bench.bounds import bound_cpu
+from jaxspec.inputs import bucket_cache
 from jaxspec.jsonl import read_jsonl
 from jaxspec.policy import AutoGamma
 
-_gen = importlib.import_module("jaxspec.generate")
 TARGET, DRAFT = "smollm2-135m-instruct", "jaxspec/smollm2-draft"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
 MODES = ("plain", "fixed", "auto", "lookup")
@@ -85,7 +84,7 @@ def run(args) -> dict:
         f"tokens, chat template), γ={args.gamma}, {args.max_new_tokens} new tokens, EOS {eos}",
         flush=True,
     )
-    cache_len = _gen.bucket_cache(max(map(len, ids)) + args.max_new_tokens)
+    cache_len = bucket_cache(max(map(len, ids)) + args.max_new_tokens)
     timer = measure.round_timer(target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed)
     policy = AutoGamma()
     doc = {
@@ -111,7 +110,7 @@ def run(args) -> dict:
             choices: dict[str, int] = {}
             seen_buckets = set()
             for k, call in enumerate(calls):
-                bucket = (len(call), _gen.bucket_cache(max(map(len, call)) + args.max_new_tokens))
+                bucket = (len(call), bucket_cache(max(map(len, call)) + args.max_new_tokens))
                 if bucket not in seen_buckets:  # warm-up: compiles (and auto's calibration) outside the timing
                     seen_buckets.add(bucket)
                     for m in modes:

@@ -8,16 +8,15 @@ device time) and their ratio, the measured c and v, bound B and the efficiency a
 
 from __future__ import annotations
 
-import importlib
 import statistics
 
 import jaxspec
 from jaxspec.bench import measure
 from jaxspec.bench.bounds import bound_cpu, bound_issue
 from jaxspec.checkpoint import shipped_dir
+from jaxspec.inputs import bucket_cache
 from jaxspec.jsonl import read_jsonl
 
-_gen = importlib.import_module("jaxspec.generate")
 TARGET, DRAFT = "jaxspec/code-target", "jaxspec/code-draft"
 
 
@@ -50,7 +49,7 @@ def run(args) -> dict:
         f"γ={args.gamma}, {args.max_new_tokens} new tokens, {args.repeats} repeats",
         flush=True,
     )
-    cache_len = _gen.bucket_cache(max(map(len, ids)) + args.max_new_tokens)
+    cache_len = bucket_cache(max(map(len, ids)) + args.max_new_tokens)
     timer = measure.round_timer(target, draft, args.gamma, cache_len, max(map(len, ids)), args.seed)
     doc = {
         "mode": "shipped",
