@@ -19,26 +19,11 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from jaxspec import dtypes, families
 from jaxspec.model import CausalLM
-from jaxspec.models import gpt2, llama
 
 FORMAT = 1
 META = "jaxspec.json"
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-# family name -> (config class, CausalLM builder from (config, params, **kw))
-FAMILIES = {"llama": (llama.LlamaConfig, llama.from_params), "gpt2": (gpt2.GPT2Config, gpt2.from_params)}
-# family name -> random init_params(config, seed), used (abstractly) as the restore target
-_INIT_PARAMS = {"llama": llama.init_params, "gpt2": gpt2.init_params}
-
-
-def _family_of(config) -> str:
-    for name, (cls, _) in FAMILIES.items():
-        if isinstance(config, cls):
-            return name
-    raise ValueError(
-        f"cannot save a model whose config is {type(config).__name__}; supported families: {sorted(FAMILIES)}"
-    )
 
 
 def save(model: CausalLM, directory: str | Path, *, storage_dtype: str | None = None) -> Path:
@@ -50,13 +35,16 @@ def save(model: CausalLM, directory: str | Path, *, storage_dtype: str | None = 
     directory = Path(directory).resolve()
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(f"directory {directory} exists and is not empty; choose a new path")
-    if storage_dtype is not None and storage_dtype not in DTYPES:
-        raise ValueError(f"storage_dtype must be one of {sorted(DTYPES)} or None, got {storage_dtype!r}")
-    family = _family_of(model.config)
+    if storage_dtype is not None:
+        storage_dtype = dtypes.check(storage_dtype, "storage_dtype")
+    try:
+        family = families.family_of_config(model.config).name
+    except ValueError as err:
+        raise ValueError(f"cannot save this model: {err}") from None
     directory.mkdir(parents=True, exist_ok=True)
     params = model.params
     if storage_dtype is not None:
-        params = jax.tree.map(lambda x: jnp.asarray(x, DTYPES[storage_dtype]), params)
+        params = jax.tree.map(lambda x: jnp.asarray(x, dtypes.DTYPES[storage_dtype]), params)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(directory / "params", params)
     checkpointer.wait_until_finished()
@@ -91,31 +79,27 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
     pytree from the family's logical axes (``jaxspec.sharding``).
     """
     directory = Path(directory).resolve()
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)} or None, got {dtype!r}")
+    if dtype is not None:
+        dtype = dtypes.check(dtype)
     try:
         meta = json.loads((directory / META).read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{directory} is not a jaxspec model directory (no {META})") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{directory / META} is corrupted: {err}") from None
-    if meta.get("family") not in FAMILIES:
+    known = {f.name: f for f in families.registered()}
+    if meta.get("family") not in known:
         raise ValueError(
-            f"unknown model family {meta.get('family')!r} in {directory / META}; supported: {sorted(FAMILIES)}"
+            f"unknown model family {meta.get('family')!r} in {directory / META}; supported: {sorted(known)}"
         )
-    config_cls, build = FAMILIES[meta["family"]]
+    family = known[meta["family"]]
     fields = {k: _tuples(v) for k, v in meta["config"].items()}  # JSON turned tuples into lists
-    config = config_cls(**{**fields, **({"dtype": dtype} if dtype else {})})
-    abstract = jax.eval_shape(lambda: _INIT_PARAMS[meta["family"]](config, 0))
+    config = family.config_class(**{**fields, **({"dtype": dtype} if dtype else {})})
+    abstract = family.abstract_params(config)
     if mesh is not None:
         if sharding is not None:
             raise ValueError("pass either sharding= or mesh=, not both")
-        from jaxspec import sharding as sharding_rules
-
-        axes = build(config, abstract).param_axes
-        sharding = sharding_rules.plan_params(
-            abstract, axes, config, sharding_rules.make_mesh(mesh), name=meta.get("name", "model")
-        ).shardings
+        sharding = family.shardings(config, mesh, name=meta.get("name", "model"))
     if sharding is not None:
         shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, abstract)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
@@ -132,7 +116,7 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
 
         tokenizer = AutoTokenizer.from_pretrained(directory / "tokenizer")
     eos = meta.get("eos_token_id")
-    return build(
+    return family.from_params(
         config,
         params,
         tokenizer=tokenizer,

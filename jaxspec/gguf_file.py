@@ -5,8 +5,8 @@
 Only the file's metadata and tensor data are read, with the ``gguf`` package (``GGUFReader``); every tensor is
 dequantized by ``gguf.quants.dequantize`` (every type that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1,
 Q2_K–Q6_K, IQ*, …) to float32 and cast to the requested dtype. The metadata becomes a Hugging Face style config
-and the tensors get their Hugging Face names, so the model is built by the same family table as
-``jaxspec.hf.load``:
+and the tensors get their Hugging Face names, so the model is built by the same family record
+(``jaxspec.families``) as ``jaxspec.hf.load``:
 
 - ``llama`` (Llama, Mistral and SmolLM conversions): llama.cpp's converter permutes the rows of the q and k
   projections for its interleaved RoPE; they are permuted back.
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxspec import dtypes, families
 from jaxspec.model import CausalLM
 
 # GGUF architecture -> the Hugging Face model_type whose family builds it
@@ -326,25 +327,19 @@ def load(
     """
     from jaxspec import hf
 
-    dtype = hf._normalize_dtype(dtype)
+    dtype = dtypes.check(dtype)
     path = Path(path)
     reader = _reader(path)
     meta = _fields(reader)
     arch = _architecture(meta, path)
     config = _hf_config(meta, arch, {t.name for t in reader.tensors}, path)
-    family = hf.FAMILIES[config["model_type"]]
+    family = families.family_for_model_type(config["model_type"])
     try:
-        cfg = family.config(config, config["model_type"], dtype)
+        cfg = family.config_from_hf(config, config["model_type"], dtype)
     except ValueError as err:
         raise GGUFError(f"{path}: {err}") from None
     tensors = _Tensors(reader, arch, config, path)
-    shardings = None
-    if mesh is not None:
-        from jaxspec import sharding
-
-        abstract = family.abstract_params(cfg)
-        axes = family.from_params(cfg, abstract).param_axes
-        shardings = sharding.plan_params(abstract, axes, cfg, sharding.make_mesh(mesh), name=path.stem).shardings
+    shardings = None if mesh is None else family.shardings(cfg, mesh, name=path.stem)
     try:
         params = hf.load_params(path.parent, family, cfg, shardings, tensors=tensors)
     except ValueError as err:

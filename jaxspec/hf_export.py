@@ -1,7 +1,9 @@
 """Export a jaxspec model as a Hugging Face directory (``config.json`` + ``model.safetensors`` + tokenizer).
 
-The inverse of ``jaxspec.hf.load`` for the Llama family (Gemma included), through the same name map, so a round trip
-jaxspec -> HF directory -> jaxspec gives identical parameters.
+The inverse of ``jaxspec.hf.load``, through the same family record (``jaxspec.families``): its ``config_to_hf``
+writes the config and its weight table names (and transposes, and fuses) every tensor, so a round trip
+jaxspec -> HF directory -> jaxspec gives identical parameters. The Llama-family records export (``llama``,
+``mistral``, ``qwen2``, ``qwen3``, ``gemma``, and ``phi3`` on request); GPT-2 does not.
 """
 
 from __future__ import annotations
@@ -13,98 +15,25 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxspec.hf import _ST_DTYPES, _get, _llama_tensors
+from jaxspec import families, safetensors_file
+from jaxspec.families import ModelFamily
 from jaxspec.model import CausalLM
 from jaxspec.models import llama
 
-_ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
-_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma": "GemmaForCausalLM",
-}
 
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """Write arrays (any dtype in the safetensors table, bfloat16 included) as one safetensors file."""
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        blob = a.tobytes()
-        header[name] = {
-            "dtype": _ST_NAMES[a.dtype],
-            "shape": list(a.shape),
-            "data_offsets": [offset, offset + len(blob)],
-        }
-        offset += len(blob)
-        blobs.append(blob)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    with open(path, "wb") as f:
-        f.write(len(head).to_bytes(8, "little"))
-        f.write(head)
-        for blob in blobs:
-            f.write(blob)
-
-
-def _model_type(cfg: llama.LlamaConfig) -> str:
-    gemma = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (1.0, True, "gelu_tanh")
-    llama_like = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (0.0, False, "silu")
-    if gemma:
-        if cfg.qk_norm or cfg.sliding_window is not None or cfg.qkv_bias != cfg.o_bias:
-            raise ValueError(
-                "export_hf: a Gemma-style model (norm_offset=1, embed_scale, gelu_tanh MLP) with qk_norm, a sliding "
-                "window or q/k/v biases without an output bias has no Hugging Face model_type"
-            )
-        return "gemma"
-    if not llama_like:
-        raise ValueError(
-            f"export_hf: norm_offset={cfg.norm_offset}, embed_scale={cfg.embed_scale}, "
-            f"mlp_activation={cfg.mlp_activation!r} match no Hugging Face model_type (Llama family: 0.0/False/'silu'; "
-            "Gemma: 1.0/True/'gelu_tanh')"
-        )
-    if cfg.qk_norm:
-        return "qwen3"
-    if cfg.qkv_bias and not cfg.o_bias:
-        return "qwen2"
-    if cfg.sliding_window is not None:
-        return "mistral"
-    return "llama"
-
-
-def _hf_config(cfg: llama.LlamaConfig, eos) -> dict:
-    model_type = _model_type(cfg)
-    rope = dict(cfg.rope_params)
-    config = {
-        "architectures": [_ARCHITECTURES[model_type]],
-        "model_type": model_type,
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": None if cfg.rope_type == "default" else {"rope_type": cfg.rope_type, **rope},
-        "max_position_embeddings": int(rope.get("original_max_position_embeddings", 4096)) * int(rope.get("factor", 1)),
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": cfg.dtype,
-        "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
-    }
-    if model_type in ("llama", "gemma"):
-        config["attention_bias"] = cfg.o_bias
-    if model_type == "gemma":
-        config["hidden_act"] = config["hidden_activation"] = "gelu_pytorch_tanh"
-    if model_type == "mistral":
-        config["sliding_window"] = cfg.sliding_window
-    if model_type == "qwen2":
-        config["use_sliding_window"] = False
-    return config
+def hf_tensors(family: ModelFamily, cfg, params) -> dict[str, np.ndarray]:
+    """Hugging Face tensor name -> array, by the family's weight table (parts of a fused tensor concatenated)."""
+    out, parts = {}, {}
+    for w in family.weights(cfg):
+        value = np.asarray(w.get(params))
+        for name, part in zip(w.names(cfg.num_layers), value if w.stacked else [value]):
+            if w.rows is None:
+                out[name] = w.to_hf(part)
+            else:
+                parts.setdefault(name, []).append((w.rows, w.to_hf(part)))
+    for name, pieces in parts.items():
+        out[name] = np.concatenate([p for _, p in sorted(pieces, key=lambda piece: piece[0])])
+    return out
 
 
 def _full_vocab(cfg: llama.LlamaConfig, params) -> tuple[llama.LlamaConfig, dict]:
@@ -120,27 +49,45 @@ def _full_vocab(cfg: llama.LlamaConfig, params) -> tuple[llama.LlamaConfig, dict
     return dataclasses.replace(cfg, vocab_ids=(), tie_embeddings=False), params
 
 
-def export_hf(model: CausalLM, directory: str | os.PathLike) -> Path:
+def _family(cfg, model_type: str | None) -> ModelFamily:
+    """The record that exports ``cfg``: the one of ``model_type``, or the first exporting family of its config."""
+    exporters = [f for f in families.registered() if f.config_to_hf is not None]
+    if model_type is not None:
+        family = families.family_for_model_type(model_type)
+    else:
+        family = next((f for f in exporters if isinstance(cfg, f.config_class) and f.layout_of is None), None)
+    if family not in exporters or not isinstance(cfg, family.config_class):
+        supported = "; ".join(f"{f.config_class.__name__} as {'/'.join(f.architectures)}" for f in exporters)
+        asked = f" as model_type={model_type!r}" if model_type is not None else ""
+        raise ValueError(
+            f"export_hf supports Llama-family models ({supported}); got a model whose config is "
+            f"{type(cfg).__name__}{asked}"
+        )
+    return family
+
+
+def export_hf(model: CausalLM, directory: str | os.PathLike, *, model_type: str | None = None) -> Path:
     """Write ``model`` (a built-in Llama-family model) as a Hugging Face directory that transformers loads.
-    A reduced-vocabulary draft is written over the full vocabulary (see ``_full_vocab``)."""
+
+    ``model_type`` None writes the ``model_type`` that describes the config (``llama``, ``mistral``, ``qwen2``,
+    ``qwen3`` or ``gemma``); another layout of the same model may be asked for (``"phi3"``: fused q/k/v and
+    gate/up tensors). A reduced-vocabulary draft is written over the full vocabulary (see ``_full_vocab``).
+    Raises ``ValueError`` for a model or ``model_type`` that has no such export, ``FileExistsError`` for a
+    non-empty ``directory``.
+    """
     cfg = model.config
-    if not isinstance(cfg, llama.LlamaConfig):
-        raise ValueError(f"export_hf supports Llama-family models (config LlamaConfig), got {type(cfg).__name__}")
+    family = _family(cfg, model_type)
     directory = Path(directory)
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(f"directory {directory} exists and is not empty; choose a new path")
+    params = model.params
+    if getattr(cfg, "vocab_ids", ()):
+        cfg, params = _full_vocab(cfg, params)
+    eos = model.eos_token_id
+    config = {**family.config_to_hf(cfg, model_type), "eos_token_id": list(eos) if isinstance(eos, tuple) else eos}
     directory.mkdir(parents=True, exist_ok=True)
-    if cfg.vocab_ids:
-        cfg, params = _full_vocab(cfg, model.params)
-        model = model.replace(config=cfg, params=params)
-    tensors = {}
-    for spec in _llama_tensors(cfg):
-        value = np.asarray(_get(model.params, spec.path))
-        parts = list(value) if spec.stacked else [value]
-        for name, part in zip(spec.names, parts):
-            tensors[name] = part.T if spec.transpose else part
-    write_safetensors(directory / "model.safetensors", tensors)
-    (directory / "config.json").write_text(json.dumps(_hf_config(cfg, model.eos_token_id), indent=2))
+    safetensors_file.write(directory / "model.safetensors", hf_tensors(family, cfg, params))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
     if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
         model.tokenizer.save_pretrained(directory)
     return directory

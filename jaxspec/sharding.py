@@ -1,9 +1,10 @@
 """Sharding: logical axes -> mesh axes, in one table, and the placement of params, caches and loop state.
 
-Every built-in weight declares its logical axes once (``PARAM_AXES`` in its model file, keyed by its path in the
-params tree); the KV cache is ``[layers, batch, cache_seq, cache_heads, head_dim]``. ``RULES`` maps logical axes
-to the two mesh axes: ``data`` (batch, so the KV cache too) and ``model`` (Megatron-style tensor parallelism:
-attention heads, kv heads, MLP hidden, vocabulary).
+Every built-in weight declares its logical axes once (its ``jaxspec.families.Weight``, in its family's weight
+table; ``CausalLM.param_axes`` holds them by path in the params tree); the KV cache is
+``[layers, batch, cache_seq, cache_heads, head_dim]``. ``RULES`` maps logical axes to the two mesh axes: ``data``
+(batch, so the KV cache too) and ``model`` (Megatron-style tensor parallelism: attention heads, kv heads, MLP
+hidden, vocabulary).
 
 A dimension that the mesh axis does not divide (e.g. 2 kv heads over ``model=4``) is *replicated* over that axis,
 for that tensor only; ``plan(...).fallbacks`` lists every such case and ``strict=True`` turns them into errors.
@@ -147,7 +148,7 @@ def _path_names(path) -> tuple[str, ...]:
 
 
 def param_axes(table: Mapping[tuple[str, ...], tuple] | None, path: tuple[str, ...], ndim: int) -> tuple:
-    """Logical axes of the leaf at ``path`` from a model's ``PARAM_AXES`` (stacked layers add ``layers``)."""
+    """Logical axes of the leaf at ``path`` from a model's ``param_axes`` table (stacked layers add ``layers``)."""
     if table is None:
         return (None,) * ndim
     if path and path[0] == "layers" and path[1:] in table:

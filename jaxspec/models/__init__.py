@@ -1,1 +1,2 @@
-"""Built-in model families; each module exposes a config dataclass and ``init`` / ``from_params``."""
+"""Built-in model families, one module each: a config dataclass, ``init`` / ``from_params``, a weight table and the
+family's ``FAMILY`` record (``jaxspec.families``). A module may be only a record over another's model (``phi3``)."""

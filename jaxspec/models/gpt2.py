@@ -15,10 +15,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxspec import dtypes, families
 from jaxspec.cache import KVCache, causal_mask, write_layer
+from jaxspec.families import Weight
 from jaxspec.model import CausalLM
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _ACTIVATIONS = {
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
     "gelu": functools.partial(nn.gelu, approximate=False),
@@ -40,8 +41,7 @@ class GPT2Config:
     init_std: float = 0.02
 
     def __post_init__(self):
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtypes.check(self.dtype))
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
         if self.hidden_size % self.num_heads:
@@ -59,7 +59,7 @@ class GPT2Config:
 
     @property
     def jnp_dtype(self):
-        return _DTYPES[self.dtype]
+        return dtypes.DTYPES[self.dtype]
 
 
 class LayerNorm(nn.Module):
@@ -171,17 +171,31 @@ class GPT2(nn.Module):
         return wte.attend(x).astype(jnp.float32), KVCache(k, v)
 
 
-# Logical axes of every weight (see jaxspec.sharding.RULES); layer weights also get a leading "layers" axis.
-# The fused q/k/v projection stays replicated: splitting its output axis evenly would cut across q, k and v.
-PARAM_AXES = {
-    ("wte", "embedding"): ("vocab", "embed"),
-    ("wpe", "embedding"): (None, "embed"),
-    ("attn", "c_attn", "kernel"): ("embed", None),
-    ("attn", "c_proj", "kernel"): ("heads", "embed"),
-    ("mlp", "c_fc", "kernel"): ("embed", "mlp"),
-    ("mlp", "c_fc", "bias"): ("mlp",),
-    ("mlp", "c_proj", "kernel"): ("mlp", "embed"),
-}
+def weights(cfg: GPT2Config) -> list[Weight]:
+    """Every weight of ``cfg``'s params tree, once: its path, logical axes (``jaxspec.sharding.RULES``) and Hugging
+    Face name. HF GPT-2 uses Conv1D, whose weights are already [in, out]: nothing is transposed. The fused q/k/v
+    projection stays replicated: splitting its output axis evenly would cut across q, k and v."""
+
+    def layer(path, axes, hf) -> Weight:
+        return Weight(("layers", *path), axes, f"transformer.h.{{i}}.{hf}")
+
+    out = [
+        Weight(("wte", "embedding"), ("vocab", "embed"), "transformer.wte.weight"),
+        Weight(("wpe", "embedding"), (None, "embed"), "transformer.wpe.weight"),
+        Weight(("ln_f", "scale"), (None,), "transformer.ln_f.weight"),
+        Weight(("ln_f", "bias"), (None,), "transformer.ln_f.bias"),
+    ]
+    for ln in ("ln_1", "ln_2"):
+        out += [layer((ln, "scale"), (None,), f"{ln}.weight"), layer((ln, "bias"), (None,), f"{ln}.bias")]
+    for module, name, axes, bias_axes in (
+        ("attn", "c_attn", ("embed", None), (None,)),
+        ("attn", "c_proj", ("heads", "embed"), (None,)),
+        ("mlp", "c_fc", ("embed", "mlp"), ("mlp",)),
+        ("mlp", "c_proj", ("mlp", "embed"), (None,)),
+    ):
+        out.append(layer((module, name, "kernel"), axes, f"{module}.{name}.weight"))
+        out.append(layer((module, name, "bias"), bias_axes, f"{module}.{name}.bias"))
+    return out
 
 
 @functools.cache
@@ -198,12 +212,6 @@ def model_fns(cfg: GPT2Config):
     return apply_fn, init_cache
 
 
-def abstract_params(cfg: GPT2Config):
-    _, init_cache = model_fns(cfg)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    return jax.eval_shape(GPT2(cfg).init, jax.random.key(0), tokens, tokens, init_cache(1, 1))["params"]
-
-
 def init_params(cfg: GPT2Config, seed: int = 0):
     """Random parameters (normal(init_std) weights, unit LayerNorm scales, zero biases)."""
     _, init_cache = model_fns(cfg)
@@ -213,10 +221,66 @@ def init_params(cfg: GPT2Config, seed: int = 0):
 
 def from_params(cfg: GPT2Config, params, *, tokenizer=None, eos_token_id=None, name="gpt2") -> CausalLM:
     return CausalLM.from_config(
-        model_fns(cfg), cfg, params, tokenizer=tokenizer, eos_token_id=eos_token_id, name=name, param_axes=PARAM_AXES
+        model_fns(cfg),
+        cfg,
+        params,
+        tokenizer=tokenizer,
+        eos_token_id=eos_token_id,
+        name=name,
+        param_axes=families.axes_table(weights(cfg)),
     )
 
 
 def init(cfg: GPT2Config, seed: int = 0, **kwargs) -> CausalLM:
     """A randomly initialized GPT-2 ``CausalLM``."""
     return from_params(cfg, init_params(cfg, seed), **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- Hugging Face
+
+_HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+
+
+def config_from_hf(c: dict, model_type: str, dtype: str) -> GPT2Config:
+    for key in ("vocab_size", "n_embd", "n_layer", "n_head"):
+        if c.get(key) is None:
+            raise ValueError(f"config.json ({model_type}) is missing {key!r}")
+    act = c.get("activation_function", "gelu_new")
+    if act not in _HF_ACTIVATIONS:
+        raise ValueError(f"activation_function={act!r} is not supported for gpt2; supported: {sorted(_HF_ACTIVATIONS)}")
+    for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+        if c.get(key):
+            raise ValueError(f"{key}=True is not supported for gpt2")
+    if c.get("tie_word_embeddings", True) is False:
+        raise ValueError("tie_word_embeddings=False is not supported for gpt2 (the LM head is the token embedding)")
+    return GPT2Config(
+        vocab_size=int(c["vocab_size"]),
+        hidden_size=int(c["n_embd"]),
+        num_layers=int(c["n_layer"]),
+        num_heads=int(c["n_head"]),
+        max_positions=int(c.get("n_positions") or 1024),
+        intermediate_size=c.get("n_inner") or None,
+        layer_norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
+        activation=_HF_ACTIVATIONS[act],
+        scale_attn_weights=bool(c.get("scale_attn_weights", True)),
+        dtype=dtype,
+    )
+
+
+def _ignored(cfg: GPT2Config, name: str) -> bool:
+    # the tied LM head, and the causal-mask buffers older checkpoints saved (attn.bias, attn.masked_bias)
+    return name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias"))
+
+
+FAMILY = families.register(
+    families.ModelFamily(
+        name="gpt2",
+        config_class=GPT2Config,
+        from_params=from_params,
+        init_params=init_params,
+        weights=weights,
+        architectures={"gpt2": "GPT2LMHeadModel"},
+        config_from_hf=config_from_hf,
+        ignored=_ignored,
+    )
+)
