@@ -38,6 +38,7 @@ def export(root: Path) -> None:
         "qwen3": dict(qk_norm=True, head_dim=16, num_kv_heads=1),
         "mistral": dict(sliding_window=8),
         "linear": dict(rope_type="linear", rope_params={"factor": 4.0}),
+        "phi3": dict(sliding_window=8),  # written with model_type="phi3": fused qkv_proj / gate_up_proj
     }
     ids = (np.arange(40).reshape(1, 40) * 7) % 64
     for name, extra in variants.items():
@@ -49,7 +50,7 @@ def export(root: Path) -> None:
                 tree, [np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(x.dtype) for x in leaves]
             )
         )
-        export_hf(model, root / name)
+        export_hf(model, root / name, model_type="phi3" if name == "phi3" else None)
         np.savez(root / name / "jaxspec_logits.npz", ids=ids, logits=np.asarray(model.logits(ids)))
 
 

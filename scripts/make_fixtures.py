@@ -144,6 +144,14 @@ FIXTURES = {
         ),
         {"gpt2": True},
     ),
+    # Phi-3: the Llama math with fused qkv_proj / gate_up_proj tensors, GQA (so q, k, v take unequal rows of
+    # qkv_proj), a sliding window shorter than the sequence, untied
+    "phi3_fused_swa": (
+        transformers.Phi3Config,
+        transformers.Phi3ForCausalLM,
+        dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=16, tie_word_embeddings=False),
+        {},
+    ),
 }
 
 

@@ -17,6 +17,7 @@ from jaxspec.models import rope
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").exists())
 SHARDED = "llama_linear_bf16_sharded"
+PHI3 = "phi3_fused_swa"
 
 
 def _expected(name):
@@ -34,7 +35,7 @@ def _load(name, dtype="float32"):
 
 
 def test_fixtures_present():
-    assert len(NAMES) == 8, NAMES
+    assert len(NAMES) == 9, NAMES
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
     assert total < 2 * 2**20
 
@@ -58,7 +59,7 @@ def test_cached_decoding_matches_full_pass(name):
         np.testing.assert_allclose(cached, expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_qknorm", SHARDED, "gemma_gqa_tied", "gpt2_tied"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_qknorm", SHARDED, "gemma_gqa_tied", "gpt2_tied", PHI3])
 def test_bfloat16(name):
     ids, expected = _expected(name)
     model = _load(name, "bfloat16")
@@ -130,6 +131,43 @@ def test_gemma_activation_spellings(tmp_path):
         _edit_config(path, **changes)
         with pytest.raises(ValueError, match="not supported for gemma"):
             jaxspec.load(path)
+
+
+def test_phi3_fused_tensors_and_sliding_window(tmp_path):
+    """Phi-3 runs on the Llama module: its fused qkv_proj / gate_up_proj become Llama's params, its window counts."""
+    model = _load(PHI3)
+    c = model.config
+    assert (c.sliding_window, c.qkv_bias, c.o_bias, c.num_kv_heads, c.head_dim, c.tie_embeddings) == (
+        16,
+        False,
+        False,
+        2,
+        8,
+        False,
+    )
+    assert jax.tree.structure(model.params) == jax.tree.structure(_load("llama_gqa").params)
+    assert model.param_axes == _load("llama_gqa").param_axes
+    # negative control: without the window (SEQ = 56 > 16) the same weights give other logits
+    ids, expected = _expected(PHI3)
+    path = _copy(PHI3, tmp_path)
+    _edit_config(path, sliding_window=None)
+    assert np.abs(np.asarray(jaxspec.load(path).logits(ids)) - expected).max() > 1e-2
+
+
+def test_phi3_fused_tensor_with_extra_rows(tmp_path):
+    from jaxspec import safetensors_file
+
+    path = _copy(PHI3, tmp_path)
+    tensors = {n: np.asarray(f.get(n)) for n, f in safetensors_file.open_dir(path).items()}
+    qkv = tensors["model.layers.1.self_attn.qkv_proj.weight"]
+    tensors["model.layers.1.self_attn.qkv_proj.weight"] = np.concatenate([qkv, qkv[:8]])  # 8 rows nothing takes
+    (path / "model.safetensors").unlink()
+    safetensors_file.write(path / "model.safetensors", tensors)
+    with pytest.raises(ValueError, match=r"qkv_proj.weight has 72 rows, which does not match the config"):
+        jaxspec.load(path)
+    _edit_config(path, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4})
+    with pytest.raises(ValueError, match="unsupported rope type 'longrope'"):
+        jaxspec.load(path)
 
 
 def test_tokenizer_and_eos():

@@ -1,6 +1,7 @@
 """export_hf: jaxspec -> Hugging Face directory -> jaxspec gives identical parameters and logits."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax
@@ -110,3 +111,50 @@ def test_reduced_vocabulary_exports_over_the_full_vocabulary(tied, tmp_path):
     np.testing.assert_allclose(got[..., list(ids)], want[..., list(ids)], rtol=1e-5, atol=1e-5)
     outside = np.setdiff1d(np.arange(64), ids)
     assert np.isneginf(want[..., outside]).all() and (got[..., outside] == 0).all()
+
+
+def test_phi3_fixture_exports_as_phi3_with_the_same_fused_tensors(tmp_path):
+    """Import splits qkv_proj / gate_up_proj by the weight table, export concatenates them back: bit for bit."""
+    from jaxspec import safetensors_file
+
+    model = jaxspec.load(FIXTURES / "phi3_fused_swa")
+    out = export_hf(model, tmp_path / "phi3", model_type="phi3")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["architectures"], config["sliding_window"]) == (
+        "phi3",
+        ["Phi3ForCausalLM"],
+        16,
+    )
+    original = safetensors_file.open_dir(FIXTURES / "phi3_fused_swa")
+    written = safetensors_file.open_dir(out)
+    assert set(written) == set(original) and "model.layers.1.self_attn.qkv_proj.weight" in written
+    for name in original:
+        np.testing.assert_array_equal(written[name].get(name), original[name].get(name))
+    back = jaxspec.load(out)
+    assert back.config == model.config
+    ref = np.load(FIXTURES / "phi3_fused_swa" / "expected.npz")
+    np.testing.assert_allclose(np.asarray(back.logits(ref["ids"])), ref["logits"], atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["llama_untied", "mistral", "tied_mqa_bf16"])
+def test_phi3_layout_round_trip(variant, tmp_path):
+    extra = {"llama_untied": {}, "mistral": dict(sliding_window=8)}
+    extra["tied_mqa_bf16"] = dict(tie_embeddings=True, num_kv_heads=1, dtype="bfloat16")
+    model = _perturbed(llama.LlamaConfig(**{**BASE, **extra[variant]}), seed=5)
+    back = jaxspec.load(export_hf(model, tmp_path / variant, model_type="phi3"), dtype=model.config.dtype)
+    assert back.config == dataclasses.replace(model.config, init_std=back.config.init_std)
+    for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(back.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_model_type_that_cannot_describe_the_model(tmp_path):
+    qwen2 = _perturbed(llama.LlamaConfig(**BASE, qkv_bias=True), 0)
+    with pytest.raises(ValueError, match=r"Phi-3 has .*this config has \{'qkv_bias': True\}"):
+        export_hf(qwen2, tmp_path / "a", model_type="phi3")
+    with pytest.raises(ValueError, match="this config is a 'qwen2' model, not model_type='llama'"):
+        export_hf(qwen2, tmp_path / "b", model_type="llama")
+    with pytest.raises(ValueError, match="unsupported model_type 'mamba'"):
+        export_hf(qwen2, tmp_path / "c", model_type="mamba")
+    with pytest.raises(ValueError, match="Llama-family.*GPT2Config as model_type='phi3'"):
+        export_hf(jaxspec.load(FIXTURES / "gpt2_tied"), tmp_path / "d", model_type="phi3")
+    assert not any((tmp_path / d).exists() for d in "abcd")  # refused before writing anything

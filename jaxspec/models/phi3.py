@@ -1,0 +1,63 @@
+"""Phi-3 (transformers' ``Phi3ForCausalLM``, ``model_type: "phi3"``): the Llama module, only a record.
+
+Its math is Llama's: RMSNorm (w * y), RoPE (rotate-half), grouped-query attention without biases, SwiGLU, an
+optional untied LM head, and a Mistral-style ``sliding_window`` when the config sets one. Only the checkpoint
+layout differs: q/k/v are one ``qkv_proj`` and gate/up one ``gate_up_proj`` tensor, rows in that order, which the
+weight table splits on import and concatenates on export. Configs with ``longrope`` or a partial rotary factor
+(Phi-3.5 long-context, Phi-4-mini) are refused when loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from jaxspec import families
+from jaxspec.families import Weight
+from jaxspec.models import llama
+
+# what a LlamaConfig must have to be a Phi-3 model
+_PHI3 = dict(qkv_bias=False, o_bias=False, qk_norm=False, norm_offset=0.0, embed_scale=False, mlp_activation="silu")
+
+
+def weights(cfg: llama.LlamaConfig) -> list[Weight]:
+    """Llama's weight table with q/k/v and gate/up taken as rows of the fused tensors."""
+    q, kv, mlp = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    fused = {
+        "q_proj": ("self_attn.qkv_proj", 0, q),
+        "k_proj": ("self_attn.qkv_proj", q, q + kv),
+        "v_proj": ("self_attn.qkv_proj", q + kv, q + 2 * kv),
+        "gate_proj": ("mlp.gate_up_proj", 0, mlp),
+        "up_proj": ("mlp.gate_up_proj", mlp, 2 * mlp),
+    }
+    out = []
+    for w in llama.weights(cfg):
+        if w.path[-1] == "kernel" and w.path[-2] in fused:
+            hf, start, stop = fused[w.path[-2]]
+            w = dataclasses.replace(w, hf=f"model.layers.{{i}}.{hf}.weight", rows=(start, stop))
+        out.append(w)
+    return out
+
+
+def config_to_hf(cfg: llama.LlamaConfig, model_type: str | None = None) -> dict:
+    other = {k: getattr(cfg, k) for k, v in {**_PHI3, "rope_type": "default"}.items() if getattr(cfg, k) != v}
+    if other:
+        raise ValueError(
+            f"export_hf(model_type='phi3'): Phi-3 has {_PHI3} and the default RoPE; this config has {other}"
+        )
+    config = llama.common_hf_config(cfg, "phi3", "Phi3ForCausalLM")
+    # Phi3Config's default pad_token_id (32000) is an embedding row: out of range for a smaller vocabulary
+    return {**config, "sliding_window": cfg.sliding_window, "pad_token_id": None}
+
+
+FAMILY = families.register(
+    dataclasses.replace(
+        llama.FAMILY,
+        name="phi3",
+        weights=weights,
+        architectures={"phi3": "Phi3ForCausalLM"},
+        config_from_hf=functools.partial(llama.build_config, qkv_bias=False, o_bias=False, sliding=True),
+        config_to_hf=config_to_hf,
+        layout_of="llama",
+    )
+)

@@ -1,0 +1,125 @@
+"""The family registry: every record's weight table covers its params exactly, with consistent axes and names, and
+``register`` is the one step that makes a new model_type loadable."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import families
+from jaxspec.families import Weight
+from jaxspec.models import gpt2, llama, phi3
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4, num_kv_heads=2)
+CONFIGS = {
+    "llama": [
+        llama.LlamaConfig(**LLAMA),
+        llama.LlamaConfig(**LLAMA, qkv_bias=True, o_bias=True, tie_embeddings=True),
+        llama.LlamaConfig(**LLAMA, qk_norm=True, head_dim=16, vocab_ids=(1, 5, 9)),
+    ],
+    "phi3": [llama.LlamaConfig(**LLAMA, sliding_window=4), llama.LlamaConfig(**{**LLAMA, "num_kv_heads": 1})],
+    "gpt2": [gpt2.GPT2Config(vocab_size=64, hidden_size=32, num_layers=3, num_heads=4)],
+}
+
+
+def _leaves(tree) -> dict:
+    return {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_builtin_records():
+    assert [f.name for f in families.registered()][:3] == ["llama", "gpt2", "phi3"]
+    assert set(CONFIGS) == {f.name for f in families.registered()}
+    assert families.family_for_model_type("qwen3") is llama.FAMILY
+    assert families.family_for_model_type("phi3") is phi3.FAMILY
+    assert phi3.FAMILY.layout_of == "llama" and phi3.FAMILY.config_class is llama.LlamaConfig
+    assert families.family_of_config(CONFIGS["phi3"][0]) is llama.FAMILY  # phi3 is only another layout
+    assert families.family_of_config(CONFIGS["gpt2"][0]) is gpt2.FAMILY
+    with pytest.raises(ValueError, match="unsupported model_type 'rwkv'; supported: .*'phi3'"):
+        families.family_for_model_type("rwkv")
+    with pytest.raises(ValueError, match="dict is not the config of a registered model family"):
+        families.family_of_config({})
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_weight_table_covers_the_params_exactly(name):
+    family = next(f for f in families.registered() if f.name == name)
+    for cfg in CONFIGS[name]:
+        abstract = _leaves(family.abstract_params(cfg))
+        table = family.weights(cfg)
+        assert sorted(w.path for w in table) == sorted(abstract)
+        for w in table:
+            assert len(abstract[w.path].shape) == len(w.axes) + w.stacked, w.path
+            assert all(a is None or a in jaxspec.sharding.RULES for a in w.axes), w.path
+        names = [(n, w.rows) for w in table for n in w.names(cfg.num_layers)]
+        assert len(names) == len(set(names))  # no tensor (or rows of one) is read twice
+        fused = {}
+        for w in table:
+            if w.rows is not None:
+                fused.setdefault(w.hf, []).append(w.rows)
+        for parts in fused.values():  # the parts of a fused tensor tile it: [0, a), [a, b), ...
+            parts.sort()
+            assert parts[0][0] == 0 and all(p[1] == q[0] for p, q in zip(parts, parts[1:]))
+        assert family.param_axes(cfg) == family.from_params(cfg, family.abstract_params(cfg)).param_axes
+
+
+def test_phi3_differs_from_llama_only_in_its_fused_tensors():
+    cfg = CONFIGS["phi3"][1]
+    plain, fused = llama.weights(cfg), phi3.weights(cfg)
+    assert [(w.path, w.axes, w.transpose) for w in plain] == [(w.path, w.axes, w.transpose) for w in fused]
+    changed = {w.path[-2]: (w.hf, w.rows) for w, v in zip(fused, plain) if w != v}
+    assert changed == {
+        "q_proj": ("model.layers.{i}.self_attn.qkv_proj.weight", (0, 32)),
+        "k_proj": ("model.layers.{i}.self_attn.qkv_proj.weight", (32, 40)),
+        "v_proj": ("model.layers.{i}.self_attn.qkv_proj.weight", (40, 48)),
+        "gate_proj": ("model.layers.{i}.mlp.gate_up_proj.weight", (0, 48)),
+        "up_proj": ("model.layers.{i}.mlp.gate_up_proj.weight", (48, 96)),
+    }
+
+
+def test_weight_transforms_invert_each_other():
+    w = Weight(("layers", "attn", "k_proj", "kernel"), ("embed", "kv_heads"), "l.{i}.qkv", True, (2, 5))
+    fused = np.arange(7 * 3).reshape(7, 3)
+    assert w.names(2) == ("l.0.qkv", "l.1.qkv") and w.stacked
+    np.testing.assert_array_equal(w.from_hf(fused), fused[2:5].T)
+    np.testing.assert_array_equal(w.to_hf(w.from_hf(fused)), fused[2:5])
+    assert w.get({"layers": {"attn": {"k_proj": {"kernel": 1}}}}) == 1 and w.get({"layers": {}}) is None
+    with pytest.raises(ValueError, match="only.*has '\\{i\\}'"):
+        Weight(("layers", "x"), (None,), "model.x")
+    with pytest.raises(ValueError, match="only.*has '\\{i\\}'"):
+        Weight(("x",), (None,), "model.{i}.x")
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The registry, restored after the test."""
+    families.registered()
+    monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
+    monkeypatch.setattr(families, "_MODEL_TYPES", dict(families._MODEL_TYPES))
+
+
+def test_register_makes_a_model_type_loadable(registry, tmp_path):
+    """The one step a new family needs: a record. Here Llama's, under a made-up model_type."""
+    path = tmp_path / "custom"
+    shutil.copytree(FIXTURES / "llama_gqa", path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "my_llama"}))
+    with pytest.raises(ValueError, match="unsupported model_type 'my_llama'"):
+        jaxspec.load(path)
+    mine = dataclasses.replace(llama.FAMILY, name="my_llama", architectures={"my_llama": "X"}, layout_of="llama")
+    record = families.register(mine)
+    assert families.family_for_model_type("my_llama") is record
+    assert families.family_of_config(llama.LlamaConfig(**LLAMA)) is llama.FAMILY  # my_llama is only a layout
+    ref = np.load(FIXTURES / "llama_gqa" / "expected.npz")
+    np.testing.assert_allclose(np.asarray(jaxspec.load(path).logits(ref["ids"])), ref["logits"], atol=1e-4)
+    with pytest.raises(ValueError, match=r"model_type\(s\) \['llama'\] already belong to family \['llama'\]"):
+        families.register(dataclasses.replace(record, architectures={"llama": "X"}))
+    again = families.register(dataclasses.replace(record, architectures={"my_llama2": "X"}))  # replaces, in place
+    assert [f.name for f in families.registered()][-1] == "my_llama" and families.registered()[-1] is again
+    with pytest.raises(ValueError, match="unsupported model_type 'my_llama'"):
+        families.family_for_model_type("my_llama")
