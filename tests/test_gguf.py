@@ -216,8 +216,8 @@ def test_real_pair_greedy_speculative_equals_plain_on_humaneval_prompts(smollm2)
     plain = jaxspec.generate(smollm2, ids, **kw)
     spec = jaxspec.generate(smollm2, ids, draft=draft, gamma=4, **kw)
     assert spec.tokens == plain.tokens
-    # the shipped draft is an early checkpoint (README): it agrees far more often than chance (1 / 49 152)
-    assert spec.stats.acceptance_rate > 0.05, spec.stats.summary()
+    # measured 0.23 on these prompts (the previous shipped draft: about 0.1); chance is 1 / 49 152
+    assert spec.stats.acceptance_rate > 0.15, spec.stats.summary()
     assert "def" in "".join(spec.texts)
 
 
