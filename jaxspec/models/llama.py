@@ -12,7 +12,6 @@ carried through the scan and updated in place.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import flax.linen as nn
@@ -20,75 +19,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import dtypes, families
+from jaxspec import families
 from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.families import Weight
 from jaxspec.model import CausalLM
-from jaxspec.models.rope import ROPE_TYPES, apply_rope, check_rope, inverse_frequencies
+from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama is the family's public module
+    ARCHITECTURES,
+    LlamaConfig,
+    config_from_hf,
+    config_to_hf,
+)
+from jaxspec.models.rope import apply_rope, inverse_frequencies
 
 _ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": functools.partial(nn.gelu, approximate=True)}
-
-
-@dataclasses.dataclass(frozen=True)
-class LlamaConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int | None = None
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    dtype: str = "float32"  # weights, activations and cache; logits are always float32
-    init_std: float = 0.02
-    qkv_bias: bool = False  # biases on q/k/v projections (Qwen2; Llama/Qwen3 with attention_bias)
-    o_bias: bool = False  # bias on the output projection (Llama/Qwen3 with attention_bias)
-    qk_norm: bool = False  # RMSNorm over head_dim on q and k, per head, before RoPE (Qwen3)
-    rope_type: str = "default"  # a key of jaxspec.models.rope.ROPE_TYPES
-    rope_params: tuple[tuple[str, float], ...] = ()  # that type's parameters as sorted (name, value) pairs
-    sliding_window: int | None = None  # attend to the last `sliding_window` positions only (Mistral)
-    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w), computed in float32 (Gemma: 1.0)
-    embed_scale: bool = False  # multiply embeddings by sqrt(hidden_size), in the activation dtype (Gemma)
-    mlp_activation: str = "silu"  # gated-MLP activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
-    # A reduced-vocabulary model (a draft): the ids, in the full vocabulary of `vocab_size`, of its embedding rows.
-    # Its logits stay [..., vocab_size] with -inf outside these ids (a draft's q = 0 there, which the rejection
-    # sampler handles exactly); an input id outside them embeds as one extra learned row. () = the full vocabulary.
-    vocab_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False)
-
-    def __post_init__(self):
-        if not isinstance(self.vocab_ids, tuple):
-            object.__setattr__(self, "vocab_ids", tuple(int(i) for i in self.vocab_ids))
-        if self.vocab_ids and (
-            len(set(self.vocab_ids)) != len(self.vocab_ids) or not all(0 <= i < self.vocab_size for i in self.vocab_ids)
-        ):
-            raise ValueError(f"vocab_ids must be distinct ids in [0, vocab_size={self.vocab_size})")
-        if isinstance(self.rope_params, dict):
-            object.__setattr__(self, "rope_params", tuple(sorted(self.rope_params.items())))
-        check_rope(self.rope_type, dict(self.rope_params))
-        if self.mlp_activation not in _ACTIVATIONS:
-            raise ValueError(f"mlp_activation must be one of {sorted(_ACTIVATIONS)}, got {self.mlp_activation!r}")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
-        object.__setattr__(self, "dtype", dtypes.check(self.dtype))
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.head_dim is None:
-            if self.hidden_size % self.num_heads:
-                raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-
-    @property
-    def jnp_dtype(self):
-        return dtypes.DTYPES[self.dtype]
-
-    @property
-    def embed_rows(self) -> int:
-        """Rows of the embedding table: ``vocab_size``, or the reduced vocabulary plus its out-of-vocabulary row."""
-        return len(self.vocab_ids) + 1 if self.vocab_ids else self.vocab_size
 
 
 @functools.lru_cache(maxsize=8)
@@ -321,172 +264,6 @@ def init(cfg: LlamaConfig, seed: int = 0, **kwargs) -> CausalLM:
     return from_params(cfg, init_params(cfg, seed), **kwargs)
 
 
-# ----------------------------------------------------------------------------------------------- Hugging Face
-
-
-def _rope_from_hf(c: dict) -> tuple[str, dict, float]:
-    """``(rope_type, params, theta)`` from either ``rope_theta`` + ``rope_scaling`` (transformers 4) or
-    ``rope_parameters`` (transformers 5)."""
-    raw = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"rope_scaling / rope_parameters must be a dict or null, got {raw!r}")
-    if raw and all(isinstance(v, dict) for v in raw.values()):
-        raise ValueError(f"per-layer-type RoPE parameters are not supported (got keys {sorted(raw)})")
-    params = dict(raw)
-    theta = params.pop("rope_theta", None) or c.get("rope_theta") or 10000.0
-    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params.pop("type", None)
-    partial = params.pop("partial_rotary_factor", None) or c.get("partial_rotary_factor") or 1.0
-    if partial != 1.0:
-        raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"unsupported rope type {rope_type!r}; supported: {sorted(ROPE_TYPES)}")
-    if rope_type == "llama3" and params.get("original_max_position_embeddings") is None:
-        params["original_max_position_embeddings"] = c.get("max_position_embeddings")
-    if rope_type == "default":
-        params = {}
-    check_rope(rope_type, params)
-    return rope_type, params, float(theta)
-
-
-def build_config(
-    c: dict, model_type: str, dtype: str, *, qkv_bias: bool, o_bias: bool, qk_norm=False, sliding=False, gemma=False
-) -> LlamaConfig:
-    """A ``config.json`` of a Llama-layout ``model_type`` -> ``LlamaConfig``, for a layout with these features
-    (``sliding``: honours ``sliding_window``; ``gemma``: (1 + w) norms, scaled embeddings, GeGLU). Other families
-    that run on this module (``models.phi3``) build their configs with it."""
-
-    def need(key):
-        if c.get(key) is None:
-            raise ValueError(f"config.json ({model_type}) is missing {key!r}")
-        return c[key]
-
-    if gemma:
-        # Gemma checkpoints carry a legacy hidden_act="gelu" that means the tanh approximation (transformers maps
-        # it to gelu_pytorch_tanh); transformers 4 configs may set hidden_activation, which then takes precedence.
-        act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
-        if act == "gelu" and not c.get("hidden_activation"):
-            act = "gelu_pytorch_tanh"
-        if act != "gelu_pytorch_tanh":
-            raise ValueError(f"hidden_act={act!r} is not supported for gemma (only 'gelu_pytorch_tanh')")
-        if c.get("use_bidirectional_attention"):
-            raise ValueError("use_bidirectional_attention=True is not supported for gemma (causal attention only)")
-    else:
-        act = c.get("hidden_act", c.get("hidden_activation", "silu"))
-        if act != "silu":
-            raise ValueError(f"hidden_act={act!r} is not supported for {model_type} (only 'silu')")
-    if c.get("mlp_bias"):
-        raise ValueError(f"mlp_bias=True is not supported for {model_type}")
-    layer_types = c.get("layer_types") or []
-    if any(t != "full_attention" for t in layer_types) or (not sliding and c.get("use_sliding_window")):
-        raise ValueError(f"sliding-window layers are not supported for {model_type} (layer_types={layer_types})")
-    heads = int(need("num_attention_heads"))
-    rope_type, rope_params, theta = _rope_from_hf(c)
-    return LlamaConfig(
-        vocab_size=int(need("vocab_size")),
-        hidden_size=int(need("hidden_size")),
-        intermediate_size=int(need("intermediate_size")),
-        num_layers=int(need("num_hidden_layers")),
-        num_heads=heads,
-        num_kv_heads=int(c.get("num_key_value_heads") or heads),
-        head_dim=c.get("head_dim") or None,
-        rope_theta=theta,
-        rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", gemma)),
-        dtype=dtype,
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
-        qk_norm=qk_norm,
-        rope_type=rope_type,
-        rope_params=rope_params,
-        sliding_window=c.get("sliding_window") if sliding else None,
-        norm_offset=1.0 if gemma else 0.0,
-        embed_scale=gemma,
-        mlp_activation="gelu_tanh" if gemma else "silu",
-    )
-
-
-def config_from_hf(c: dict, model_type: str, dtype: str) -> LlamaConfig:
-    """``llama`` (``attention_bias``: q/k/v/o biases), ``mistral`` (sliding window), ``qwen2`` (q/k/v biases),
-    ``qwen3`` (q/k norm), ``gemma``."""
-    bias = bool(c.get("attention_bias", False))
-    return build_config(
-        c,
-        model_type,
-        dtype,
-        qkv_bias=True if model_type == "qwen2" else bias,
-        o_bias=False if model_type == "qwen2" else bias,
-        qk_norm=model_type == "qwen3",
-        sliding=model_type == "mistral",
-        gemma=model_type == "gemma",
-    )
-
-
-def _model_type(cfg: LlamaConfig) -> str:
-    """The Hugging Face ``model_type`` that describes ``cfg`` exactly."""
-    gemma = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (1.0, True, "gelu_tanh")
-    llama_like = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (0.0, False, "silu")
-    if gemma:
-        if cfg.qk_norm or cfg.sliding_window is not None or cfg.qkv_bias != cfg.o_bias:
-            raise ValueError(
-                "export_hf: a Gemma-style model (norm_offset=1, embed_scale, gelu_tanh MLP) with qk_norm, a sliding "
-                "window or q/k/v biases without an output bias has no Hugging Face model_type"
-            )
-        return "gemma"
-    if not llama_like:
-        raise ValueError(
-            f"export_hf: norm_offset={cfg.norm_offset}, embed_scale={cfg.embed_scale}, "
-            f"mlp_activation={cfg.mlp_activation!r} match no Hugging Face model_type (Llama family: 0.0/False/'silu'; "
-            "Gemma: 1.0/True/'gelu_tanh')"
-        )
-    if cfg.qk_norm:
-        return "qwen3"
-    if cfg.qkv_bias and not cfg.o_bias:
-        return "qwen2"
-    if cfg.sliding_window is not None:
-        return "mistral"
-    return "llama"
-
-
-def common_hf_config(cfg: LlamaConfig, model_type: str, architecture: str) -> dict:
-    """The ``config.json`` fields every Llama-layout ``model_type`` shares."""
-    rope = dict(cfg.rope_params)
-    return {
-        "architectures": [architecture],
-        "model_type": model_type,
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": None if cfg.rope_type == "default" else {"rope_type": cfg.rope_type, **rope},
-        "max_position_embeddings": int(rope.get("original_max_position_embeddings", 4096)) * int(rope.get("factor", 1)),
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": cfg.dtype,
-    }
-
-
-def config_to_hf(cfg: LlamaConfig, model_type: str | None = None) -> dict:
-    inferred = _model_type(cfg)
-    if model_type not in (None, inferred):
-        raise ValueError(f"export_hf: this config is a {inferred!r} model, not model_type={model_type!r}")
-    config = common_hf_config(cfg, inferred, FAMILY.architectures[inferred])
-    if inferred in ("llama", "gemma"):
-        config["attention_bias"] = cfg.o_bias
-    if inferred == "gemma":
-        config["hidden_act"] = config["hidden_activation"] = "gelu_pytorch_tanh"
-    if inferred == "mistral":
-        config["sliding_window"] = cfg.sliding_window
-    if inferred == "qwen2":
-        config["use_sliding_window"] = False
-    return config
-
-
 def _ignored(cfg: LlamaConfig, name: str) -> bool:
     return name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")
 
@@ -498,13 +275,7 @@ FAMILY = families.register(
         from_params=from_params,
         init_params=init_params,
         weights=weights,
-        architectures={
-            "llama": "LlamaForCausalLM",
-            "mistral": "MistralForCausalLM",
-            "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM",
-            "gemma": "GemmaForCausalLM",
-        },
+        architectures=ARCHITECTURES,
         config_from_hf=config_from_hf,
         config_to_hf=config_to_hf,
         ignored=_ignored,

@@ -15,6 +15,7 @@ import functools
 from jaxspec import families
 from jaxspec.families import Weight
 from jaxspec.models import llama
+from jaxspec.models.llama_config import build_config, common_hf_config
 
 # what a LlamaConfig must have to be a Phi-3 model
 _PHI3 = dict(qkv_bias=False, o_bias=False, qk_norm=False, norm_offset=0.0, embed_scale=False, mlp_activation="silu")
@@ -45,7 +46,7 @@ def config_to_hf(cfg: llama.LlamaConfig, model_type: str | None = None) -> dict:
         raise ValueError(
             f"export_hf(model_type='phi3'): Phi-3 has {_PHI3} and the default RoPE; this config has {other}"
         )
-    config = llama.common_hf_config(cfg, "phi3", "Phi3ForCausalLM")
+    config = common_hf_config(cfg, "phi3", "Phi3ForCausalLM")
     # Phi3Config's default pad_token_id (32000) is an embedding row: out of range for a smaller vocabulary
     return {**config, "sliding_window": cfg.sliding_window, "pad_token_id": None}
 
@@ -56,7 +57,7 @@ FAMILY = families.register(
         name="phi3",
         weights=weights,
         architectures={"phi3": "Phi3ForCausalLM"},
-        config_from_hf=functools.partial(llama.build_config, qkv_bias=False, o_bias=False, sliding=True),
+        config_from_hf=functools.partial(build_config, qkv_bias=False, o_bias=False, sliding=True),
         config_to_hf=config_to_hf,
         layout_of="llama",
     )
