@@ -7,7 +7,8 @@ is fitted to them by cross-entropy: weight 1 on every generated token (the targe
 exactly the token a greedy verify pass accepts) and ``prompt_weight`` on the prompt's tokens (the workload's text).
 
     jaxspec distill --target smollm2-135m-instruct --data runs/smol/train_data.jsonl --out runs/smol/distill \\
-        --new-draft target_layers=2,vocab=8191 --steps 600 --batch-size 16 --save-draft checkpoints/smollm2-draft
+        --new-draft target_layers=2,vocab=8191 --steps 500 --batch-size 16 --learning-rate 1e-3 \\
+        --prompt-weight 0.2 --save-draft checkpoints/smollm2-draft
 
 ``--new-draft`` makes the draft to train (``make_draft``): the target's own first K layers with its final norm and
 embedding (``target_layers=K``, ``draft_from_target``), or a new small tied-embedding Llama (``hidden=...``,
