@@ -67,6 +67,7 @@ def _tuples(value):
 
 
 def is_orbax_model(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a model saved by ``jaxspec.save`` (it has the metadata file)."""
     return (Path(directory) / META).is_file()
 
 
@@ -135,6 +136,7 @@ def shipped_dir() -> Path:
 
 
 def shipped_models() -> list[str]:
+    """Names (``jaxspec/<name>``) of the models shipped in ``checkpoints/``, sorted."""
     root = shipped_dir()
     return sorted(SHIPPED_PREFIX + p.name for p in root.iterdir() if is_orbax_model(p)) if root.is_dir() else []
 

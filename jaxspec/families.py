@@ -53,6 +53,7 @@ class Weight:
 
     @property
     def stacked(self) -> bool:
+        """Whether this is a per-layer weight stacked along a leading ``[layers]`` axis (its path starts ``layers``)."""
         return self.path[0] == "layers"
 
     def names(self, num_layers: int) -> tuple[str, ...]:
@@ -125,6 +126,8 @@ class ModelFamily:
         return jax.eval_shape(lambda: self.init_params(cfg, 0))
 
     def param_axes(self, cfg) -> dict:
+        """Logical axes of every weight of ``cfg``'s params, keyed by param path (a stacked
+        weight without its leading ``"layers"``), as ``CausalLM.param_axes`` holds them."""
         return axes_table(self.weights(cfg))
 
     def shardings(self, cfg, mesh, *, name: str = "model"):

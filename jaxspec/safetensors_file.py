@@ -50,9 +50,12 @@ class SafetensorsFile:
         self._data = None
 
     def keys(self):
+        """Names of the tensors in the file."""
         return self.header.keys()
 
     def get(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a NumPy array read from the memory-mapped file; ``ValueError`` for a dtype jaxspec
+        cannot read."""
         info = self.header[name]
         if info["dtype"] not in CODES:
             raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}")

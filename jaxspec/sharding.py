@@ -85,6 +85,7 @@ def make_mesh(mesh: Mesh | Mapping[str, int] | None) -> Mesh | None:
 
 
 def axis_size(mesh: Mesh | None, axis: str) -> int:
+    """Devices along ``axis`` of ``mesh``; 1 without a mesh or when the mesh has no such axis."""
     return 1 if mesh is None or axis not in mesh.axis_names else int(mesh.shape[axis])
 
 
@@ -168,6 +169,7 @@ class Plan:
 
     @property
     def shardings(self):
+        """``specs`` as ``NamedSharding``s on ``mesh`` (same tree)."""
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.specs, is_leaf=lambda x: isinstance(x, P))
 
 
@@ -225,6 +227,7 @@ def shard(model, mesh, *, replicate: bool = False, strict: bool = False):
 
 
 def batch_spec(ndim: int) -> P:
+    """``PartitionSpec`` of a per-row array of ``ndim`` dimensions: the leading (batch) axis over ``data``."""
     return P("data", *([None] * (ndim - 1)))
 
 

@@ -28,6 +28,15 @@ _ACTIVATIONS = {
 
 @dataclasses.dataclass(frozen=True)
 class GPT2Config:
+    """GPT-2's static shape (frozen, hashable).
+
+    Attributes:
+      vocab_size, hidden_size, num_layers, num_heads: vocabulary, width, blocks and heads (head_dim = hidden ÷ heads).
+      max_positions: rows of the learned position table; intermediate_size: MLP width (default 4 × hidden).
+      layer_norm_eps, activation, scale_attn_weights: as the comments below; dtype: weights', activations' and
+      caches' dtype name (logits are float32); init_std: standard deviation of random initialization.
+    """
+
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -51,18 +60,23 @@ class GPT2Config:
 
     @property
     def head_dim(self) -> int:
+        """``hidden_size // num_heads``."""
         return self.hidden_size // self.num_heads
 
     @property
     def num_kv_heads(self) -> int:
+        """``num_heads`` (GPT-2 has no grouped-query attention)."""
         return self.num_heads
 
     @property
     def jnp_dtype(self):
+        """The ``jnp`` dtype named by ``dtype``."""
         return dtypes.DTYPES[self.dtype]
 
 
 class LayerNorm(nn.Module):
+    """Layer normalization over the last axis with scale and bias, computed in float32."""
+
     eps: float
     dtype: jnp.dtype
 
@@ -88,6 +102,8 @@ def _dense(features: int, name: str, cfg: GPT2Config) -> nn.Dense:
 
 
 class Attention(nn.Module):
+    """Multi-head causal self-attention of one block (fused q/k/v projection) over the cache at ``positions``."""
+
     cfg: GPT2Config
 
     @nn.compact
@@ -111,6 +127,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """GPT-2's MLP: ``proj(gelu(fc(x)))``."""
+
     cfg: GPT2Config
 
     @nn.compact
@@ -121,6 +139,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """One pre-norm block (attention then MLP, each with a residual), the body of the block ``nn.scan``."""
+
     cfg: GPT2Config
 
     @nn.compact
@@ -136,6 +156,8 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
+    """The whole model: token + learned position embeddings, stacked blocks, final norm, tied LM head."""
+
     cfg: GPT2Config
 
     @nn.compact
@@ -220,6 +242,7 @@ def init_params(cfg: GPT2Config, seed: int = 0):
 
 
 def from_params(cfg: GPT2Config, params, *, tokenizer=None, eos_token_id=None, name="gpt2") -> CausalLM:
+    """A ``CausalLM`` over ``params`` (the tree ``init_params`` makes) with GPT-2's apply and cache functions."""
     return CausalLM.from_config(
         model_fns(cfg),
         cfg,
@@ -242,6 +265,7 @@ _HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "g
 
 
 def config_from_hf(c: dict, model_type: str, dtype: str) -> GPT2Config:
+    """``GPT2Config`` from a transformers ``config.json`` dict; ``ValueError`` names a missing or unsupported key."""
     for key in ("vocab_size", "n_embd", "n_layer", "n_head"):
         if c.get(key) is None:
             raise ValueError(f"config.json ({model_type}) is missing {key!r}")

@@ -56,6 +56,8 @@ def to_rows(cfg: LlamaConfig, tokens: jax.Array) -> jax.Array:
 
 
 class RMSNorm(nn.Module):
+    """RMS normalization over the last axis, computed in float32, scaled by ``w`` (or ``offset + w``)."""
+
     eps: float
     dtype: jnp.dtype
     offset: float = 0.0  # 0: Llama's w * y.astype(dtype); else Gemma's ((offset + w) * y in float32).astype(dtype)
@@ -87,6 +89,9 @@ def _dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None,
 
 
 class Attention(nn.Module):
+    """Grouped-query self-attention of one layer over ``x [B, T, hidden]`` at ``positions [B, T]``: RoPE, optional
+    biases and q/k norm, causal (and sliding-window) mask over the cache written at those positions."""
+
     cfg: LlamaConfig
 
     @nn.compact
@@ -120,6 +125,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The gated MLP: ``down(act(gate(x)) * up(x))`` (SwiGLU or GeGLU)."""
+
     cfg: LlamaConfig
 
     @nn.compact
@@ -131,6 +138,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One pre-norm decoder layer (attention then MLP, each with a residual), the body of the layer ``nn.scan``:
+    ``carry = (x [B, T, hidden], k_all, v_all)``, ``layer`` the scanned layer index."""
+
     cfg: LlamaConfig
 
     @nn.compact
@@ -144,6 +154,8 @@ class DecoderLayer(nn.Module):
 
 
 class Llama(nn.Module):
+    """The whole decoder: embedding, ``num_layers`` stacked ``DecoderLayer`` under ``nn.scan``, final norm, LM head."""
+
     cfg: LlamaConfig
 
     @nn.compact
@@ -248,6 +260,7 @@ def init_params(cfg: LlamaConfig, seed: int = 0):
 
 
 def from_params(cfg: LlamaConfig, params, *, tokenizer=None, eos_token_id=None, name="llama") -> CausalLM:
+    """A ``CausalLM`` over ``params`` (the tree ``init_params`` makes) with the Llama apply and cache functions."""
     return CausalLM.from_config(
         model_fns(cfg),
         cfg,

@@ -22,6 +22,25 @@ ARCHITECTURES = {  # model_type -> the transformers class name an export writes
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
+    """A Llama-family decoder's static shape and switches (frozen, hashable: part of every compiled program's key).
+
+    Attributes:
+      vocab_size: ids of the full vocabulary (logits are ``[..., vocab_size]``).
+      hidden_size, intermediate_size: model width and the gated MLP's width.
+      num_layers: decoder layers (stacked under ``nn.scan``: every layer weight has a leading ``[layers]`` axis).
+      num_heads, num_kv_heads: query heads and key/value heads (GQA; ``num_heads % num_kv_heads == 0``).
+      head_dim: per-head width (default ``hidden_size // num_heads``; must be even for RoPE).
+      rope_theta, rope_type, rope_params: RoPE base and scaling (``jaxspec.models.rope.ROPE_TYPES``).
+      rms_norm_eps, norm_offset: RMSNorm epsilon; norms scale by ``norm_offset + w`` (Gemma: 1).
+      tie_embeddings: the LM head is the embedding's transpose.
+      dtype: name of the weights', activations' and caches' dtype (``jaxspec.dtypes``); logits are float32.
+      init_std: standard deviation of random initialization.
+      qkv_bias, o_bias, qk_norm, sliding_window, embed_scale, mlp_activation: family variants (comments below).
+      vocab_ids: a reduced-vocabulary draft's ids in the full vocabulary (below); () for the full vocabulary.
+
+    Raises ``ValueError`` naming the field for inconsistent values (heads, head_dim, RoPE, activation, ids).
+    """
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -74,6 +93,7 @@ class LlamaConfig:
 
     @property
     def jnp_dtype(self):
+        """The ``jnp`` dtype named by ``dtype``."""
         return dtypes.DTYPES[self.dtype]
 
     @property
@@ -233,6 +253,8 @@ def common_hf_config(cfg: LlamaConfig, model_type: str, architecture: str) -> di
 
 
 def config_to_hf(cfg: LlamaConfig, model_type: str | None = None) -> dict:
+    """A transformers ``config.json`` dict for ``cfg``: as ``model_type`` (refused with ``ValueError`` if that
+    type cannot describe the config), or the type ``cfg``'s switches imply when None."""
     inferred = _model_type(cfg)
     if model_type not in (None, inferred):
         raise ValueError(f"export_hf: this config is a {inferred!r} model, not model_type={model_type!r}")
