@@ -29,6 +29,30 @@ from jaxspec.generate import prepare
 
 @dataclasses.dataclass
 class TempReport:
+    """The figures of one temperature: its plain and speculative ``generate`` runs and what is derived from them.
+
+    Times are in seconds. A run's ``wall_s`` is device time with compilation left out and the prefill included;
+    step and prefill times are the pair's standalone medians (``PairReport.steps_s``, ``PairReport.prefill_s``).
+
+    Attributes:
+      temperature: the sampling temperature of every run.
+      plain, spec: the plain (no draft) and speculative runs, one per repeat with seeds 0, 1, …; ``plain[i]`` and
+        ``spec[i]`` share a seed and ran back to back.
+      alpha: α, accepted ÷ drafted tokens summed over ``spec`` (NaN when nothing was drafted).
+      tau: τ, generated tokens ÷ target passes after prefill, both summed over ``spec``.
+      plain_tps, spec_tps: median tokens/s (``GenRun.tokens_per_s``) of ``plain`` and of ``spec``.
+      speedup: median over the seed-paired runs of spec tokens/s ÷ plain tokens/s (prefill included).
+      plain_round_s: median over ``plain`` of (wall − the target's prefill) ÷ target passes: seconds per decode step.
+      spec_round_s: median over ``spec`` of (wall − the target's and the draft's prefill) ÷ target passes: seconds
+        per speculative round.
+      bound_issue: bound A, ``bounds.bound_issue(alpha, γ, c)``.
+      bound_cpu: bound B, ``bounds.bound_cpu(alpha, γ, c, v)``.
+      ideal_tau: τ · target step ÷ ``model_round_s``: the speed-up at this τ if a round cost only its model steps
+        and a plain token one target step (no prefill, no loop overhead).
+      model_round_s: model time of one round from the standalone steps (``measure.model_round_s``): one 2-token
+        draft step, γ−1 1-token draft steps and the verify pass over γ+1 tokens.
+    """
+
     temperature: float
     plain: list[GenRun]
     spec: list[GenRun]
@@ -51,19 +75,39 @@ class TempReport:
 
     @property
     def eff_issue(self) -> float:
+        """``speedup`` ÷ ``bound_issue``: the share of bound A reached (1 = at the bound)."""
         return self.speedup / self.bound_issue
 
     @property
     def eff_cpu(self) -> float:
+        """``speedup`` ÷ ``bound_cpu``: the share of bound B reached (1 = at the bound)."""
         return self.speedup / self.bound_cpu
 
     @property
     def eff_tau(self) -> float:
+        """``speedup`` ÷ ``ideal_tau``: the share reached of the models-only speed-up at the measured τ."""
         return self.speedup / self.ideal_tau
 
 
 @dataclasses.dataclass
 class PairReport:
+    """Everything ``bench_pair`` measured for one (target, draft) pair. Times are in seconds, memory in bytes.
+
+    Attributes:
+      name, description: the pair's (``Pair.name``, ``Pair.description``).
+      target_params, draft_params: parameter counts (``CausalLM.num_params``).
+      cache_len: the generation's KV-cache length (``prepare``'s), also that of the step and prefill timings.
+      prompt_pad: the prompt's length after padding: the tokens of the prefill pass.
+      steps_s: median seconds of one standalone step per case (``measure.round_timer``): ``"target_1"``,
+        ``"draft_1"``, ``"draft_2"`` and the verify pass ``measure.verify_key(γ)`` (``"target_{γ+1}"``).
+      step_samples: timed calls behind each of those medians.
+      prefill_s: median seconds of the prefill pass over the padded prompt, keys ``"target"`` and ``"draft"``.
+      c, v: draft step ÷ target step and verify pass ÷ target step (``measure.step_ratios``).
+      compile_spec, compile_plain: compile reports of the speculative and the plain ``generate`` program.
+      memory: ``measure.memory_report`` at the prompt's batch and ``cache_len``, taken after all the runs.
+      temps: one ``TempReport`` per temperature of ``args.temperatures``, in that order.
+    """
+
     name: str
     description: str
     target_params: int
@@ -84,6 +128,10 @@ class PairReport:
 def temp_report(
     temp: float, plain: list[GenRun], spec: list[GenRun], steps: dict[str, float], prefill: dict[str, float], gamma: int
 ) -> TempReport:
+    """The ``TempReport`` of temperature ``temp`` from its seed-paired ``plain`` and ``spec`` runs, the pair's
+    standalone step medians ``steps`` (keys as ``PairReport.steps_s``), its prefill medians ``prefill``
+    (``"target"``, ``"draft"``) and ``gamma``. Speeds and round times are medians over the runs; α and τ pool the
+    counts of every ``spec`` run."""
     c, v = step_ratios(steps, gamma)
     model_round = model_round_s(steps, gamma)
     drafted = sum(x.drafted for x in spec)
@@ -138,6 +186,15 @@ def _compile_reports(pair: Pair, prompt, base: dict, first_temp: float) -> tuple
 
 
 def bench_pair(pair: Pair, args) -> PairReport:
+    """Benchmark one pair, plain vs speculative, on the batch-1 prompt of ``make_prompt``: its ``PairReport``.
+
+    In order: a cold lower + compile of both programs and their first ``generate`` calls; a ``round_timer`` at the
+    generation's cache length and position ``prompt_len + max_new_tokens // 2`` and one block of ``step_iters``
+    calls; the prefill medians (5 calls per model); then per temperature ``repeats`` plain + speculative runs
+    (seeds 0, 1, …; no EOS stop), with a step-timing block after each plain + speculative pair. ``args`` is the
+    bench's namespace; ``gamma``, ``max_new_tokens``, ``temperatures``, ``repeats``, ``step_iters``, ``prompt_len``
+    and ``seed`` are read.
+    """
     target, draft, gamma = pair.target, pair.draft, args.gamma
     prompt = make_prompt(target.vocab_size, args)
     base = dict(gamma=gamma, max_new_tokens=args.max_new_tokens, eos_token_id=None)

@@ -50,6 +50,8 @@ class StepTimer:
         self.times: dict[str, list[float]] = {name: [] for name in cases}
 
     def block(self, iters: int) -> None:
+        """Time ``iters`` calls of every case, cases interleaved call by call, each blocked on until ready; the
+        seconds are appended to ``times[name]`` and each call's returned cache is fed to the case's next call."""
         for _ in range(iters):
             for name, st in self.state.items():
                 fn, params, tokens, positions, cache = st
@@ -58,9 +60,12 @@ class StepTimer:
                 self.times[name].append(time.perf_counter() - start)
 
     def medians(self) -> dict[str, float]:
+        """Median seconds of one call per case name, over every call timed so far (``statistics.StatisticsError``
+        before the first ``block``)."""
         return {name: statistics.median(ts) for name, ts in self.times.items()}
 
     def count(self) -> int:
+        """Calls timed so far per case: the fewest over the cases (each ``block(iters)`` adds ``iters`` to all)."""
         return min(len(v) for v in self.times.values())
 
 
@@ -76,6 +81,7 @@ def _step_state(model: CausalLM, t: int, cache_len: int, position: int, rng) -> 
 
 
 def verify_key(gamma: int) -> str:
+    """The case name (and ``steps_s`` key) of the verify pass over γ+1 tokens: ``"target_{γ+1}"``."""
     return f"target_{gamma + 1}"
 
 
@@ -138,10 +144,14 @@ def unique_param_bytes(*models: CausalLM) -> int:
 
 
 def cache_bytes(model: CausalLM, batch: int, cache_len: int) -> int:
+    """Bytes of ``model``'s KV cache for ``batch`` rows of ``cache_len`` positions, from the shapes alone
+    (``jax.eval_shape``: nothing is allocated)."""
     return tree_bytes(jax.eval_shape(lambda: model.init_cache(batch, cache_len)))
 
 
 def peak_rss_bytes() -> int | None:
+    """Peak resident set size of this process so far, in bytes (``ru_maxrss``); None where the ``resource`` module
+    is missing (not Unix)."""
     try:
         import resource  # Unix only
     except ImportError:
@@ -162,6 +172,10 @@ def device_peak_bytes() -> int | None:
 
 
 def memory_report(target: CausalLM, draft: CausalLM, batch: int, cache_len: int) -> dict[str, Any]:
+    """Memory of a pair, in bytes: ``target_weights`` and ``draft_weights`` (``CausalLM.param_bytes``),
+    ``weights_unique`` (arrays the two share counted once), ``target_cache`` and ``draft_cache`` (``batch`` rows of
+    ``cache_len``), ``peak_rss`` (``peak_rss_bytes``) and ``device_peak`` (``device_peak_bytes``); the last two are
+    process-wide figures at the time of the call and may be None."""
     return {
         "target_weights": target.param_bytes,
         "draft_weights": draft.param_bytes,
@@ -174,6 +188,9 @@ def memory_report(target: CausalLM, draft: CausalLM, batch: int, cache_len: int)
 
 
 def memory_analysis_dict(compiled) -> dict[str, int] | None:
+    """XLA's ``memory_analysis()`` of a compiled executable, in bytes: ``argument``, ``output``, ``alias``, ``temp``
+    and ``generated_code`` (0 where the backend leaves one out), plus ``peak_estimate`` = argument + output + temp −
+    alias. None when the backend gives no analysis (returns None or raises)."""
     try:
         ma = compiled.memory_analysis()
     except Exception:  # noqa: BLE001
@@ -191,6 +208,17 @@ def memory_analysis_dict(compiled) -> dict[str, int] | None:
 
 @dataclasses.dataclass
 class CompileReport:
+    """Compile cost of one ``generate`` program with cold caches (``measure_compile``). Times are in seconds.
+
+    Attributes:
+      lower_s: trace and lower to StableHLO.
+      compile_s: the XLA compile of the lowered program.
+      memory: ``memory_analysis_dict`` of the compiled executable (None where the backend gives none).
+      first_call_s: the whole first, cold ``generate()`` call, host work included; NaN until set (the benchmark
+        sets it after the explicit compile).
+      first_call_compile_s: the compile time that first call reported (``stats.compile_time_s``); NaN until set.
+    """
+
     lower_s: float  # trace + lower to StableHLO
     compile_s: float  # XLA compile
     memory: dict[str, int] | None
@@ -199,6 +227,7 @@ class CompileReport:
 
     @property
     def total_s(self) -> float:
+        """``lower_s + compile_s``: seconds from tracing to a compiled executable (the first call not included)."""
         return self.lower_s + self.compile_s
 
 
@@ -221,6 +250,19 @@ def measure_compile(target: CausalLM, draft: CausalLM | None, prompt, gen_kwargs
 
 @dataclasses.dataclass
 class GenRun:
+    """One timed ``jaxspec.generate`` call (``run_generate``). Times are in seconds; counts are over all rows.
+
+    Attributes:
+      wall_s: ``stats.wall_time_s``: the compiled program's run, blocked on (prefill included, compile excluded).
+      call_s: the whole ``generate()`` call, host work and any compilation included.
+      compile_s: ``stats.compile_time_s``: compilation during the call (0 once the program was compiled).
+      tokens: generated tokens (prompt excluded).
+      rounds: target passes after prefill, summed over rows (τ = tokens ÷ rounds).
+      passes: batched target passes the loop ran, the slowest row's rounds (time per round = wall ÷ passes);
+        equal to ``rounds`` at batch 1.
+      drafted, accepted: draft tokens proposed and accepted (0 for plain decoding).
+    """
+
     wall_s: float  # stats.wall_time_s (the compiled program, blocked on)
     call_s: float  # the whole generate() call, host work included
     compile_s: float  # stats.compile_time_s
@@ -232,10 +274,13 @@ class GenRun:
 
     @property
     def tokens_per_s(self) -> float:
+        """``tokens ÷ wall_s``: generated tokens per second of device time (compile excluded, prefill included)."""
         return self.tokens / self.wall_s
 
 
 def run_generate(target: CausalLM, draft: CausalLM | None, prompt, gen_kwargs: dict, seed: int) -> GenRun:
+    """One timed ``jaxspec.generate(target, prompt, draft=draft, seed=seed, **gen_kwargs)`` call (``draft`` None:
+    plain decoding) as a ``GenRun``."""
     start = time.perf_counter()
     res = jaxspec.generate(target, prompt, draft=draft, seed=seed, **gen_kwargs)
     call = time.perf_counter() - start
@@ -261,6 +306,9 @@ def _null_init_cache(batch_size: int, max_length: int):
 
 
 def null_model(vocab: int, seed: int = 0) -> CausalLM:
+    """A ~zero-cost ``CausalLM`` named ``"null"`` over ``vocab`` tokens: ``_null_apply`` (one gather) reading a
+    random vector 3·N(0, 1) of length ``vocab`` drawn from ``seed`` and stored twice as ``params["w2"]`` (shape
+    [2·vocab]), and a [batch, max_length] float32 zeros cache that it returns untouched. In a seat, it costs ~0."""
     w = 3.0 * jax.random.normal(jax.random.key(seed), (vocab,), jnp.float32)
     return CausalLM(_null_apply, {"w2": jnp.concatenate([w, w])}, _null_init_cache, vocab, name="null")
 
@@ -287,10 +335,15 @@ class Breakdown:
     steps_s: dict[str, float]  # standalone step medians, timed interleaved with the breakdown runs
 
     def get(self, combo: str, temp: float) -> float:
+        """Seconds per round of combination ``combo`` (a ``breakdown_seats`` name) at temperature ``temp``;
+        ``KeyError`` for one not measured."""
         return self.rounds_s[combo][temp]
 
 
 def breakdown_seats(pair: Pair, null: CausalLM) -> dict[str, tuple[CausalLM, CausalLM | None]]:
+    """The six ``(target, draft)`` seatings of ``Breakdown`` by name: ``"spec T/D"`` for T (target seat) and D
+    (draft seat) each ``null`` (the model ``null``) or ``real`` (``pair.target``, ``pair.draft``), then
+    ``"plain null"`` and ``"plain real"`` (draft None)."""
     t, d = pair.target, pair.draft
     return {
         "spec null/null": (null, null),
@@ -319,6 +372,14 @@ def _round_slopes(seats, prompt, short_kw: dict, long_kw: dict, repeats: int, be
 
 
 def measure_breakdown(pair: Pair, args, cache_len: int, repeats: int) -> Breakdown:
+    """The in-loop ``Breakdown`` of ``pair``: seconds per round of every ``breakdown_seats`` combination at each
+    of ``args.temperatures``, the median of ``repeats`` slopes (after one warm-up call per combination and temperature).
+
+    A slope is taken between ``args.breakdown_tokens`` new tokens (at most ``cache_len − args.prompt_len``) and a
+    fifth of that (at least 1), with ``max_length=cache_len``, ``args.gamma``, no EOS stop and the prompt of
+    ``make_prompt``. A ``round_timer`` at position ``args.prompt_len`` + half the longer run times a block of
+    ``max(1, args.step_iters // 2)`` calls after every sweep over the combinations; its medians are ``steps_s``.
+    """
     seats = breakdown_seats(pair, null_model(pair.target.vocab_size, args.seed))
     prompt = make_prompt(pair.target.vocab_size, args)
     long_new = min(args.breakdown_tokens, cache_len - args.prompt_len)

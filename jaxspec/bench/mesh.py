@@ -69,6 +69,18 @@ def _ms_per_round(target, draft, prompts, kw, mesh, repeats) -> tuple[float, lis
 
 
 def run(args) -> dict:
+    """The mesh mode: greedy plain and speculative generation with the aligned pair (``aligned_pair(args)``) on one
+    device without a mesh, then on every ``data x model`` shape of ``args.mesh`` (``parse_shapes``), printing a
+    table row per shape.
+
+    The prompts are ``args.mesh_batch`` rows of ``args.prompt_len`` random ids below ``args.vocab`` (drawn from
+    ``args.seed``), each call generating ``args.max_new_tokens`` tokens with ``args.gamma``. Returns ``{"mode":
+    "mesh", "devices", "platform", "batch", "gamma", "rows"}``; a row has ``mesh`` (``"1 device"`` or ``"DxM"``),
+    the bytes on the first device of ``target_weights``, ``draft_weights``, ``target_cache`` and ``draft_cache``
+    (after prefill), ``fallbacks`` (mesh rows only: ``sharding.plan``'s, as strings), ``plain_ms_per_round`` and
+    ``spec_ms_per_round`` (ms per target pass, median of ``args.repeats`` calls after a warm-up one) and
+    ``same_tokens`` (the plain and the speculative tokens both equal the single-device plain ones).
+    """
     devices = jax.device_count()
     shapes = parse_shapes(args.mesh, devices)
     pair = aligned_pair(args)

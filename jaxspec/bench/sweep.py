@@ -56,6 +56,9 @@ class CallRecord:
 
 
 def record(stats, prefill_s: float) -> CallRecord:
+    """The ``CallRecord`` of one call from its ``Stats`` ``stats`` and ``prefill_s``, the seconds of its prefill
+    program (``prefill_seconds``): ``passes`` is the slowest row's rounds, ``row_rounds`` the rounds summed over
+    rows, ``tokens`` the generated tokens and ``longest`` the longest row's generated tokens."""
     rows = stats.rows
     return CallRecord(
         stats.wall_time_s,
@@ -112,6 +115,19 @@ def decompose(
 
 
 def run(args) -> dict:
+    """The sweep mode (see the module docstring): the shipped pair (``TARGET`` + ``draft_name(args)``) over the
+    batch sizes ``args.batches`` in three modes, ``"plain"``, ``"γ={args.gamma}"`` and ``"auto"``, at the first of
+    ``args.temperatures``, printing a table row and the auto and decomposition details per batch size; with
+    ``args.plot``, also writes the PNG there.
+
+    Returns ``{"mode": "sweep", "temperature", "gamma", "max_new_tokens", "draft", "pool", "rows"}`` (``pool``:
+    the number of prompts every batch size generates). A row has ``batch``, ``calls`` (calls per pass),
+    ``first_call_s`` (mode -> seconds of its first warm-up call, compile included), per mode ``{"tok_s",
+    "alpha", "vs_plain"}`` (median tokens/s over the ``args.repeats`` timed passes, α over them or None when
+    nothing was drafted, ``paired_ratio`` against plain), ``auto_choices`` (the γ auto chose in the timed calls ->
+    count, probes labelled), ``auto_decision`` (the last timed auto call's ``stats.policy``) and ``decomposition``
+    (``decompose`` of the fixed-γ mode against plain).
+    """
     target, draft = jaxspec.load(TARGET), jaxspec.load(draft_name(args))
     ids = [target.tokenizer.encode(p["prompt"]) for p in load_prompts()]
     largest = max(args.batches)

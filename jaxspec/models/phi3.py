@@ -41,6 +41,10 @@ def weights(cfg: llama.LlamaConfig) -> list[Weight]:
 
 
 def config_to_hf(cfg: llama.LlamaConfig, model_type: str | None = None) -> dict:
+    """The transformers ``config.json`` dict of ``cfg`` as a ``"phi3"`` / ``Phi3ForCausalLM`` model (``model_type``
+    is not read: this record only exports as Phi-3): the Llama-layout fields, ``sliding_window`` (None when unset)
+    and ``pad_token_id`` None. Raises ``ValueError`` when ``cfg`` is not a Phi-3 model: biases, QK norm, a norm
+    offset, scaled embeddings, an MLP activation other than SiLU, or a RoPE type other than ``"default"``."""
     other = {k: getattr(cfg, k) for k, v in {**_PHI3, "rope_type": "default"}.items() if getattr(cfg, k) != v}
     if other:
         raise ValueError(
