@@ -4,6 +4,7 @@ runs at every temperature, and the figures derived from them (α, τ, speedup, b
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import Any
 
@@ -70,7 +71,10 @@ class TempReport:
 
     @property
     def decode_speedup(self) -> float:
-        """Speedup with the prefill passes left out: τ · plain round time ÷ spec round time."""
+        """Speedup with the prefill passes left out: τ · plain round time ÷ spec round time; NaN when a round time
+        is not positive (the separately timed prefill exceeded the median call: calls too short to tell)."""
+        if self.plain_round_s <= 0 or self.spec_round_s <= 0:
+            return math.nan
         return self.tau * self.plain_round_s / self.spec_round_s
 
     @property
