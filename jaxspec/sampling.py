@@ -1,14 +1,19 @@
 """Logit warping (temperature, top-k, top-p) and categorical draws, all with traced parameters.
 
 The same ``warp`` is applied to the target's and the draft's logits, so speculative output equals plain
-sampling from the warped target. Temperature 0 warps to a one-hot on the argmax: the rejection sampler then
-reduces exactly to greedy verification (accept while the draft equals the target's argmax).
+sampling from the warped target. Each parameter is either one value shared by every row or one value per row
+(the leading axis of the logits), so greedy and sampled rows share a batch and new values never recompile.
 
-Filtering rule (applied in this order, on ``logits / temperature``):
-  * top-k (k > 0): keep every token whose logit is >= the k-th largest logit (ties at the boundary are kept);
-  * top-p (p < 1): on the top-k-filtered distribution, sort descending and keep the smallest prefix whose
-    mass reaches p (a token is kept if the mass strictly before it is < p); ties with the last kept logit are
-    kept too.
+Rule, per row (applied in this order):
+  * temperature <= 0: a one-hot on the argmax of the raw logits (top-k and top-p unused); the rejection sampler
+    then reduces exactly to greedy verification (accept while the draft equals the target's argmax);
+  * otherwise, on ``logits / temperature``:
+      - top-k (k > 0): keep every token whose logit is >= the k-th largest logit (ties at the boundary are kept);
+      - top-p (p < 1): on the top-k-filtered distribution, sort descending and keep the smallest prefix whose
+        mass reaches p (a token is kept if the mass strictly before it is < p); ties with the last kept logit
+        are kept too;
+    then the softmax. A row with neither filter on (k <= 0 and p >= 1) gets the plain softmax of
+    ``logits / temperature``; the sort-based filter runs only when some row of the call turns a filter on.
 """
 
 from __future__ import annotations
@@ -24,12 +29,16 @@ NEG_INF = -jnp.inf
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """Traced sampling parameters (a pytree): changing their values never recompiles.
+    """Traced sampling parameters (a pytree): changing their values never recompiles (changing their shapes does).
+
+    Each field is a scalar (one value for every row) or ``[B]`` (one value per row of the logits given to
+    ``warp``); fields may mix the two.
 
     Attributes:
-      temperature: float32 scalar; ``<= 0`` means greedy (argmax of the raw logits; top-k and top-p unused).
-      top_k: int32 scalar; ``<= 0`` means off, values above the vocabulary size keep every token.
-      top_p: float32 scalar; ``>= 1`` means off.
+      temperature: float32 ``[]`` or ``[B]``; ``<= 0`` means greedy (argmax of the raw logits; top-k and top-p
+        unused).
+      top_k: int32 ``[]`` or ``[B]``; ``<= 0`` means off, values above the vocabulary size keep every token.
+      top_p: float32 ``[]`` or ``[B]``; ``>= 1`` means off.
     """
 
     temperature: jax.Array
@@ -37,20 +46,42 @@ class SamplingParams:
     top_p: jax.Array
 
     @classmethod
-    def create(cls, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None):
-        """Scalars from Python numbers; ``None`` turns top-k / top-p off. No validation (the host API checks)."""
-        return cls(
-            jnp.asarray(temperature, jnp.float32),
-            jnp.asarray(0 if top_k is None else top_k, jnp.int32),
-            jnp.asarray(1.0 if top_p is None else top_p, jnp.float32),
+    def create(cls, temperature=1.0, top_k=None, top_p=None, batch: int | None = None) -> SamplingParams:
+        """From Python numbers or per-row sequences/arrays; ``None`` turns top-k / top-p off (0 / 1.0).
+
+        With ``batch=N`` every field is broadcast to ``[N]``; without it, numbers stay scalars and sequences
+        become 1-D arrays. No validation (the host API checks).
+        """
+
+        def field(value, off, dtype):
+            x = jnp.asarray(off if value is None else value, dtype)
+            return x if batch is None else jnp.broadcast_to(x, (batch,))
+
+        return cls(field(temperature, 1.0, jnp.float32), field(top_k, 0, jnp.int32), field(top_p, 1.0, jnp.float32))
+
+
+def _per_row(x: jax.Array, ndim: int) -> jax.Array:
+    """A scalar or ``[B]`` parameter shaped to broadcast over logits of ``ndim`` axes: ``[1, ..]`` or ``[B, 1, ..]``."""
+    return jnp.reshape(x, jnp.shape(x) + (1,) * (ndim - jnp.ndim(x)))
+
+
+def _check_shapes(params: SamplingParams, logits_shape: tuple) -> None:
+    for field in dataclasses.fields(params):
+        shape = jnp.shape(getattr(params, field.name))
+        if shape == () or (len(shape) == 1 and len(logits_shape) >= 2 and shape[0] == logits_shape[0]):
+            continue
+        raise ValueError(
+            f"SamplingParams.{field.name} must be a scalar or [B] with B = logits.shape[0]; got shape {shape} for "
+            f"logits of shape {logits_shape}"
         )
 
 
 def _filter(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Top-k then top-p on ``scaled [..., V]``; ``top_k`` / ``top_p`` broadcast against it (last axis 1)."""
     vocab = scaled.shape[-1]
     desc = -jnp.sort(-scaled, axis=-1)
     k = jnp.clip(jnp.where(top_k > 0, top_k, vocab), 1, vocab)
-    kth = jnp.take(desc, k - 1, axis=-1)[..., None]
+    kth = jnp.take_along_axis(desc, jnp.broadcast_to(k - 1, desc.shape[:-1] + (1,)), axis=-1)
     desc_k = jnp.where(desc >= kth, desc, NEG_INF)
     probs_desc = jax.nn.softmax(desc_k, axis=-1)
     mass_before = jnp.cumsum(probs_desc, axis=-1) - probs_desc
@@ -61,14 +92,21 @@ def _filter(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
 
 
 def warp(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """Warped probabilities ``[..., V]`` float32 from logits ``[..., V]`` (any float dtype), by the module's rule;
-    a one-hot on the argmax of ``logits`` when ``temperature <= 0``."""
+    """Warped probabilities ``[B, ..., V]`` float32 from logits ``[B, ..., V]`` (any float dtype), by the module's
+    rule. Each field of ``params`` is a scalar or ``[B]`` (row b's value applies to ``logits[b]``, whatever the
+    middle axes, e.g. ``[B, V]`` or ``[B, γ+1, V]``); with scalars only, ``logits`` may have any shape ``[..., V]``.
+
+    The sort-based filter runs (``lax.cond``) only when some row has top-k or top-p on; the other rows take the
+    plain softmax, selected per row. Raises ``ValueError`` (at trace time) for a field of another shape.
+    """
     logits = logits.astype(jnp.float32)
-    greedy = params.temperature <= 0
-    scaled = logits / jnp.where(greedy, 1.0, params.temperature)
-    needs_filter = (params.top_k > 0) | (params.top_p < 1.0)
-    scaled = jax.lax.cond(needs_filter, lambda x: _filter(x, params.top_k, params.top_p), lambda x: x, scaled)
-    probs = jax.nn.softmax(scaled, axis=-1)
+    _check_shapes(params, logits.shape)
+    temperature, top_k, top_p = (_per_row(x, logits.ndim) for x in (params.temperature, params.top_k, params.top_p))
+    greedy = temperature <= 0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)
+    needs_filter = (top_k > 0) | (top_p < 1.0)
+    filtered = jax.lax.cond(jnp.any(needs_filter), lambda x: _filter(x, top_k, top_p), lambda x: x, scaled)
+    probs = jax.nn.softmax(jnp.where(needs_filter, filtered, scaled), axis=-1)
     onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
     return jnp.where(greedy, onehot, probs)
 
