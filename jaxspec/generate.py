@@ -140,6 +140,7 @@ def prepare(
 ) -> Prepared:
     """Stages 1-3 of ``generate`` (same arguments): check and tokenize, bucket and build the inputs, choose γ.
 
+    ``temperature``, ``top_k`` and ``top_p`` are each a number or one per prompt (traced: never recompiles).
     Raises ``TypeError``/``ValueError`` on bad input before compiling anything; with ``gamma="auto"`` the γ
     decision may compile and time candidate loops.
     """
@@ -210,10 +211,11 @@ def finish(prep: Prepared, state: loop.State, wall_time_s: float, compile_time_s
     )
     stats = result.stats
     if prep.decision is not None and stats.drafted:
+        temperature = np.ravel(sharding.to_host(prep.inputs.sampling.temperature))[: prep.num_rows]
         prep.policy.observe(
             prep.target,
             prep.draft,
-            bool(np.asarray(prep.inputs.sampling.temperature) == 0),
+            bool(np.all(temperature == 0)),  # every row greedy
             stats.accepted,
             stats.drafted,
             stats.accept_hist,
@@ -256,9 +258,11 @@ def generate(
         compiled values, or plain decoding, from measured costs and the acceptance seen so far
         (``jaxspec.policy``; the decision and its inputs are in ``stats.policy``).
       max_new_tokens: int or one int per prompt (traced).
-      temperature: warping applied to target and draft alike (traced: never recompiles); 0 is greedy.
-      top_k: keep the k largest logits (traced); 0 or None is off.
-      top_p: keep the smallest set of tokens whose probability reaches p (traced); 1 or None is off.
+      temperature: warping applied to target and draft alike, a number or one per prompt (traced: never
+        recompiles); 0 is greedy, so greedy and sampled rows can share a call.
+      top_k: keep the k largest logits, a number or one per prompt (traced: never recompiles); 0 or None is off.
+      top_p: keep the smallest set of tokens whose probability reaches p, a number or one per prompt (traced:
+        never recompiles); 1 or None is off.
       eos_token_id: int or ints ending a row; defaults to ``target.eos_token_id``.
       seed: int (row ``b`` uses ``fold_in(key(seed), b)``) or one int per prompt (row uses its own seed only).
       max_length: cache length (prompt + generated); default: bucketed from the prompt and ``max_new_tokens``.
@@ -373,7 +377,8 @@ def stream(
       draft: a draft ``CausalLM``, ``"prompt_lookup"`` / a ``jaxspec.PromptLookup``, or None (plain decoding).
       gamma: draft tokens per round, or ``"auto"``.
       max_new_tokens: int or one int per prompt.
-      temperature: 0 is greedy. top_k: 0/None is off. top_p: 1/None is off.
+      temperature, top_k, top_p: each a number or one per prompt (traced: never recompiles); temperature 0 is
+        greedy, top_k 0/None and top_p 1/None are off.
       eos_token_id: int or ints ending a row; defaults to ``target.eos_token_id``.
       seed: int, or one int per prompt.
       max_length: cache length (prompt + generated); default: bucketed.

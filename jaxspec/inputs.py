@@ -91,8 +91,10 @@ def loop_inputs(request: Request, shape: Buckets) -> loop.LoopInputs:
     eos = np.full(next_pow2(len(request.eos), 4), -1, np.int32)
     eos[: len(request.eos)] = request.eos
 
-    def rows(values: np.ndarray, fill: int) -> np.ndarray:
-        return np.concatenate([values, np.full(pad, fill, np.int64)])
+    def rows(values: np.ndarray, fill) -> np.ndarray:
+        return np.concatenate([values, np.full(pad, fill, values.dtype)])
+
+    top_k = np.minimum(request.top_k, request.target.vocab_size)  # k >= V keeps every token: same rule, fits int32
 
     inputs = loop.LoopInputs(
         prompt=jnp.asarray(prompt),
@@ -102,19 +104,24 @@ def loop_inputs(request: Request, shape: Buckets) -> loop.LoopInputs:
         seeds=jnp.asarray(rows(request.seeds, 0), jnp.uint32),
         row_ids=jnp.asarray(rows(request.row_ids, 0), jnp.uint32),
         eos=jnp.asarray(eos),
-        sampling=SamplingParams.create(request.temperature, request.top_k, request.top_p),
+        # padding rows: greedy, no filter (so they never make the call run the top-k / top-p sort)
+        sampling=SamplingParams.create(
+            rows(request.temperature, 0.0), rows(top_k, 0), rows(request.top_p, 1.0), batch=batch
+        ),
     )
     return inputs if request.mesh is None else place_inputs(inputs, request.mesh)
 
 
 def place_inputs(inputs: loop.LoopInputs, mesh: Mesh) -> loop.LoopInputs:
-    """Per-row inputs split over ``data``; EOS ids and sampling parameters replicated (every process passes the
-    same host values and supplies its own shards)."""
+    """Per-row inputs (sampling parameters included) split over ``data``; EOS ids replicated (every process passes
+    the same host values and supplies its own shards)."""
 
     def place(field, value):
-        if field in ("eos", "sampling"):
-            return jax.tree.map(lambda x: sharding.put(np.asarray(x), NamedSharding(mesh, P())), value)
-        return sharding.put(np.asarray(value), NamedSharding(mesh, sharding.batch_spec(np.ndim(value))))
+        if field == "eos":
+            return sharding.put(np.asarray(value), NamedSharding(mesh, P()))
+        return jax.tree.map(
+            lambda x: sharding.put(np.asarray(x), NamedSharding(mesh, sharding.batch_spec(np.ndim(x)))), value
+        )
 
     return loop.LoopInputs(**{f.name: place(f.name, getattr(inputs, f.name)) for f in dataclasses.fields(inputs)})
 

@@ -2,7 +2,8 @@
 
 Everything here runs on the host before anything is compiled or placed on a device: bad input raises an error
 that names the argument and its allowed values. The small checks (``is_int``, ``is_real``, ``per_row_ints``) and
-``tokenize`` are shared with ``jaxspec.distill``.
+``tokenize`` are shared with ``jaxspec.distill``. Per-prompt values (``max_new_tokens``, ``seed``, ``temperature``,
+``top_k``, ``top_p``) are one value for every prompt or a sequence of one per prompt, expanded to ``[N]`` arrays.
 """
 
 from __future__ import annotations
@@ -48,6 +49,53 @@ def per_row_ints(value, name: str, n: int, lo: int, hi: int | None = None) -> np
             rng = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
             raise ValueError(f"{name} must be an int {rng}, got {v!r}")
     return np.asarray(values, np.int64)
+
+
+# name -> (allowed values, check of one value, the value stored for None)
+_SAMPLING_RULES = {
+    "temperature": (
+        "a finite number >= 0 (0 = greedy)",
+        lambda v: is_real(v) and bool(np.isfinite(v)) and v >= 0,
+        None,
+    ),
+    "top_k": ("None or an int >= 0 (0 = off)", lambda v: v is None or (is_int(v) and v >= 0), 0),
+    "top_p": ("None or a number in (0, 1]", lambda v: v is None or (is_real(v) and 0 < v <= 1), 1.0),
+}
+
+
+def check_sampling(value, name: str):
+    """Check the sampling argument ``name`` (``temperature``, ``top_k`` or ``top_p``): one value, returned as is,
+    or a sequence / 1-D array of one value per prompt, returned as a list (its length is checked by
+    ``per_row_sampling`` once the prompts are counted).
+
+    Raises ``ValueError`` naming ``name``, and the index of a bad per-prompt entry.
+    """
+    allowed, ok, _ = _SAMPLING_RULES[name]
+    if isinstance(value, jax.Array):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        value = value.tolist()  # Python scalars (a 0-d array: one value), nested lists for more dimensions
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        values = list(value)
+        for i, v in enumerate(values):
+            if not ok(v):
+                raise ValueError(f"{name}[{i}] must be {allowed}, got {v!r}")
+        return values
+    if not ok(value):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def per_row_sampling(value, name: str, n: int) -> np.ndarray:
+    """``value`` checked by ``check_sampling`` as ``[n]``: ``float64`` for ``temperature`` and ``top_p`` (None ->
+    1.0), ``int64`` for ``top_k`` (None -> 0). Raises ``ValueError`` when a sequence does not hold ``n`` values."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries but there are {n} prompts")
+    else:
+        value = [value] * n
+    off = _SAMPLING_RULES[name][2]
+    return np.asarray([off if v is None else v for v in value], np.int64 if name == "top_k" else np.float64)
 
 
 def check_tokenizers(target: CausalLM, draft: CausalLM | None) -> None:
@@ -137,7 +185,9 @@ class Request:
       row_ids: ``[N] int64``: the row index folded into the seed (0 for every row when one seed per prompt is
         given, so a row's sample depends on its own seed only).
       eos: the ids that end a row (possibly none).
-      temperature, top_k, top_p: the warping, as passed.
+      temperature: ``[N] float64``, each >= 0 (0 = greedy).
+      top_k: ``[N] int64``, each >= 0 (0 = off).
+      top_p: ``[N] float64``, each in (0, 1] (1 = off).
       max_length: the cache length asked for, or None (bucketed from the prompts and ``max_new``).
       acceptance: the acceptance rule, or None (the exact rule).
       mesh: the ``Mesh`` to run on, or None (one device).
@@ -154,9 +204,9 @@ class Request:
     seeds: np.ndarray
     row_ids: np.ndarray
     eos: tuple[int, ...]
-    temperature: float
-    top_k: int | None
-    top_p: float | None
+    temperature: np.ndarray
+    top_k: np.ndarray
+    top_p: np.ndarray
     max_length: int | None
     acceptance: RejectionSampler | None
     mesh: Mesh | None
@@ -184,8 +234,8 @@ class Request:
 
     @property
     def greedy(self) -> bool:
-        """Temperature 0."""
-        return self.temperature == 0
+        """Every row at temperature 0."""
+        return bool(np.all(self.temperature == 0))
 
 
 def make_request(
@@ -234,12 +284,9 @@ def make_request(
         raise ValueError("gamma='auto' needs a draft (a model or 'prompt_lookup') to decide between")
     if policy is not None and not isinstance(policy, AutoGamma):
         raise ValueError(f"policy must be a jaxspec.policy.AutoGamma or None, got {policy!r}")
-    if not is_real(temperature) or not np.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (not is_int(top_k) or top_k < 0):
-        raise ValueError(f"top_k must be None or an int >= 0 (0 = off), got {top_k!r}")
-    if top_p is not None and (not is_real(top_p) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+    temperature = check_sampling(temperature, "temperature")
+    top_k = check_sampling(top_k, "top_k")
+    top_p = check_sampling(top_p, "top_p")
     if max_length is not None and (not is_int(max_length) or max_length < 2):
         raise ValueError(f"max_length must be None or an int >= 2, got {max_length!r}")
     if not isinstance(chat, bool):
@@ -265,6 +312,9 @@ def make_request(
             )
     max_new = per_row_ints(max_new_tokens, "max_new_tokens", n, 1)
     seeds = per_row_ints(seed, "seed", n, 0, 2**32)
+    temperature = per_row_sampling(temperature, "temperature", n)
+    top_k = per_row_sampling(top_k, "top_k", n)
+    top_p = per_row_sampling(top_p, "top_p", n)
     # one seed: row b draws from fold_in(key(seed), b); one seed per prompt: a row depends on its own seed only
     row_ids = np.arange(n) if is_int(seed) else np.zeros(n, np.int64)
     if eos_token_id is None:

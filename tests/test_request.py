@@ -68,3 +68,57 @@ def test_fixed_gamma_decision_and_prepared(target, small_draft):
     assert prep.spec.gamma == 3 and prep.draft is small_draft and prep.target is target and prep.num_rows == 1
     tparams, dparams = prep.placed_params()
     assert tparams is target.params and dparams is small_draft.params
+
+
+def test_per_row_sampling_values(target):
+    """temperature / top_k / top_p: one value for every prompt, or one per prompt (None: off), as [N] arrays; the
+    traced inputs carry them per row, padding rows greedy and unfiltered."""
+    one = make_request(target, [[1], [2]], temperature=0.5, top_k=4)
+    assert one.temperature.tolist() == [0.5, 0.5] and one.top_k.tolist() == [4, 4] and one.top_p.tolist() == [1, 1]
+    assert one.temperature.dtype == np.float64 and one.top_k.dtype == np.int64 and one.top_p.dtype == np.float64
+    assert not one.greedy and make_request(target, [[1], [2]], temperature=0).greedy
+    rows = make_request(
+        target, [[1], [2], [3]], temperature=[0, 0.7, 1.0], top_k=(None, 0, 500), top_p=np.asarray([1.0, 0.5, 0.9])
+    )
+    assert rows.temperature.tolist() == [0, 0.7, 1.0] and not rows.greedy  # greedy: every row at temperature 0
+    assert rows.top_k.tolist() == [0, 0, 500] and rows.top_p.tolist() == [1.0, 0.5, 0.9]
+    assert make_request(target, [[1], [2]], temperature=[0.0, 0]).greedy
+    x = inputs.loop_inputs(rows, inputs.buckets(rows)).sampling
+    assert [(f.shape, f.dtype) for f in (x.temperature, x.top_k, x.top_p)] == [
+        ((4,), np.float32),
+        ((4,), np.int32),
+        ((4,), np.float32),
+    ]
+    assert np.asarray(x.temperature).tolist() == pytest.approx([0, 0.7, 1.0, 0])
+    assert np.asarray(x.top_k).tolist() == [0, 0, target.vocab_size, 0]  # k >= V keeps every token: clipped to V
+    assert np.asarray(x.top_p).tolist() == pytest.approx([1.0, 0.5, 0.9, 1.0])
+
+
+BAD_SAMPLING = [
+    (dict(temperature=[1.0]), "temperature has 1 entries but there are 2 prompts"),
+    (dict(top_p=[0.9, 0.9, 0.9]), "top_p has 3 entries but there are 2 prompts"),
+    (dict(top_k=[]), "top_k has 0 entries but there are 2 prompts"),
+    (dict(temperature=[1.0, -1.0]), r"temperature\[1\] must be a finite number >= 0 \(0 = greedy\), got -1.0"),
+    (dict(temperature=[float("nan"), 1.0]), r"temperature\[0\] must be a finite number >= 0.*got nan"),
+    (dict(temperature=np.asarray([0.5, np.inf])), r"temperature\[1\] must be a finite number >= 0.*got inf"),
+    (dict(top_p=[0.5, 0.0]), r"top_p\[1\] must be None or a number in \(0, 1\], got 0.0"),
+    (dict(top_p=[None, 1.5]), r"top_p\[1\] must be None or a number in \(0, 1\], got 1.5"),
+    (dict(top_k=[-1, 3]), r"top_k\[0\] must be None or an int >= 0 \(0 = off\), got -1"),
+    (dict(top_k=[2.0, 3]), r"top_k\[0\] must be None or an int >= 0 \(0 = off\), got 2.0"),
+    (dict(temperature=[True, 1.0]), r"temperature\[0\] must be a finite number >= 0 \(0 = greedy\), got True"),
+    (dict(top_k=[None, False]), r"top_k\[1\] must be None or an int >= 0 \(0 = off\), got False"),
+    (dict(temperature=[None, 1.0]), r"temperature\[0\] must be a finite number >= 0 \(0 = greedy\), got None"),
+    (dict(temperature=[[1.0, 1.0]]), r"temperature\[0\] must be a finite number >= 0 \(0 = greedy\), got \[1.0"),
+    # one value for every prompt: the messages as before
+    (dict(temperature=True), r"temperature must be a finite number >= 0 \(0 = greedy\), got True"),
+    (dict(temperature="hot"), r"temperature must be a finite number >= 0 \(0 = greedy\), got 'hot'"),
+    (dict(top_k=-1), r"top_k must be None or an int >= 0 \(0 = off\), got -1"),
+    (dict(top_p=0), r"top_p must be None or a number in \(0, 1\], got 0"),
+]
+
+
+@pytest.mark.parametrize("kwargs,match", BAD_SAMPLING)
+def test_bad_per_row_sampling_values(target, small_draft, kwargs, match):
+    with count_compiles() as counts, pytest.raises(ValueError, match=match):
+        make_request(target, [[1, 2, 3], [4, 5]], draft=small_draft, **kwargs)
+    assert counts["compiles"] == 0
