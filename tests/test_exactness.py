@@ -15,6 +15,9 @@ draft and target disagree substantially and both acceptances and rejections happ
 a classic bug in the acceptance rule (correcting from the target ``p`` instead of the residual
 ``max(0, p - q)``) must be rejected by the very same test.
 
+Per-row parameters: one call whose rows differ in temperature / top-k / top-p (greedy rows among them); each
+group of rows must follow its own warped target by the same test, and fail it against another group's.
+
 Coverage note: with ``max_new_tokens=3`` and ``gamma=3`` a round in which all drafts are accepted already emits
 >= 3 tokens, so the bonus token (drawn from ``p_gamma``) is never observed there; the ``gamma=1`` cases cover it
 (both rejection corrections and bonus tokens land inside the 3 observed tokens), and so does ``gamma=2`` at
@@ -230,9 +233,9 @@ def all_context_rows(ctx_logits: np.ndarray) -> np.ndarray:
     return np.concatenate([ctx_logits[0, 0, 0][None], ctx_logits[:, 0, 1], ctx_logits[:, :, 2].reshape(-1, VOCAB)])
 
 
-def counts_of(tokens: list[list[int]]) -> np.ndarray:
+def counts_of(tokens: list[list[int]], num: int = NUM_SAMPLES) -> np.ndarray:
     arr = np.asarray(tokens, np.int64)
-    assert arr.shape == (NUM_SAMPLES, NEW_TOKENS), f"expected {NEW_TOKENS} tokens per row, got {arr.shape}"
+    assert arr.shape == (num, NEW_TOKENS), f"expected {NEW_TOKENS} tokens per row, got {arr.shape}"
     assert arr.min() >= 0 and arr.max() < VOCAB
     idx = arr[:, 0] * VOCAB * VOCAB + arr[:, 1] * VOCAB + arr[:, 2]
     return np.bincount(idx, minlength=VOCAB**NEW_TOKENS)
@@ -522,3 +525,64 @@ def test_negative_control_reduced_vocabulary_wrong_residual_is_rejected(target, 
         acceptance=ResampleFromTarget(),
     )
     assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"
+
+
+# --------------------------------------------------------------------------------------------- per-row parameters
+# One speculative call (γ = 3, the batch of the cases above: the compiled loop is reused) whose rows differ in their
+# warping. Every group of rows follows its own warped target; against another group's parameters the same test
+# fails (so rows' parameters cannot have been mixed up unnoticed), and the greedy rows take the argmax path.
+
+MIXED_GROUPS = [  # (temperature, top_k, top_p); group 0 is greedy
+    (0.0, None, None),
+    (1.0, 3, None),
+    (0.8, None, 0.7),
+    (0.6, None, None),  # unfiltered, in a call that runs the filter for other rows
+]
+
+
+def mixed_row_groups() -> np.ndarray:
+    """The group of each of the ``NUM_SAMPLES`` rows: every 50th row greedy, the others cycle over groups 1-3."""
+    rows = np.arange(NUM_SAMPLES)
+    return np.where(rows % 50 == 0, 0, 1 + rows % 3)
+
+
+@pytest.mark.slow
+def test_per_row_parameters_in_one_call_are_exact(target, draft, target_logits):
+    groups = mixed_row_groups()
+    rows = [MIXED_GROUPS[g] for g in groups]
+    for setting in MIXED_GROUPS[1:]:
+        assert boundary_margin(all_context_rows(target_logits), *setting) > BOUNDARY_MARGIN
+    result = jaxspec.generate(
+        target,
+        [PROMPT] * NUM_SAMPLES,
+        draft=draft,
+        gamma=3,
+        max_new_tokens=NEW_TOKENS,
+        temperature=[r[0] for r in rows],
+        top_k=[r[1] for r in rows],
+        top_p=[r[2] for r in rows],
+        seed=8100,
+    )
+    assert set(result.finish_reasons) == {"length"}
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+    tokens = np.asarray(result.tokens)
+    x1 = int(np.argmax(target_logits[0, 0, 0]))
+    x2 = int(np.argmax(target_logits[x1, 0, 1]))
+    x3 = int(np.argmax(target_logits[x1, x2, 2]))
+    assert (tokens[groups == 0] == [x1, x2, x3]).all(), "a greedy row left the target's argmax path"
+    probs, counts = {}, {}
+    for g in (1, 2, 3):
+        probs[g] = exact_distribution(target_logits, *MIXED_GROUPS[g])
+        counts[g] = counts_of(tokens[groups == g], int(np.sum(groups == g)))
+        p_value, stat, bins = chisquare_merged(counts[g], probs[g])
+        print(f"per-row group {MIXED_GROUPS[g]}: chi2={stat:.1f} bins={bins} p={p_value:.3g}")
+        assert counts[g][probs[g] == 0].sum() == 0, f"group {g} sampled a sequence of probability 0"
+        assert p_value > ALPHA, f"rows {MIXED_GROUPS[g]} do not follow their warped target (p={p_value:.3g})"
+    assert (probs[1] == 0).sum() > 0 and (probs[2] == 0).sum() > 0, "a filter removed nothing"
+    # negative control: the same test against another group's parameters. The unfiltered group's distribution
+    # gives every sequence mass, so the filtered groups' counts are judged by the chi-square alone; the unfiltered
+    # group's counts land on sequences top-k rules out.
+    for g in (1, 2):
+        p_value, _, _ = chisquare_merged(counts[g], probs[3])
+        assert p_value < 1e-10, f"rows {MIXED_GROUPS[g]} also fit {MIXED_GROUPS[3]} (p={p_value:.3g})"
+    assert counts[3][probs[1] == 0].sum() > 100
