@@ -207,3 +207,43 @@ def test_chat_template(target):
     assert chat.tokens == plain.tokens
     with pytest.raises(ValueError, match="chat"):
         jaxspec.generate(model, ["x"], chat="yes")
+
+
+@pytest.mark.parametrize("speculative", [True, False], ids=["speculative", "plain"])
+def test_per_row_sampling_in_one_call(target, perturbed_draft, mixed_prompts, speculative):
+    """Greedy and sampled rows share a call: each greedy row's tokens equal those of an all-greedy call with the same
+    prompts, and calls that differ only in per-row values (same shapes) reuse one compiled loop. (The shapes of
+    test_loop's greedy-equality calls, so the suite compiles these loops once.)"""
+    n = len(mixed_prompts)
+    kw = dict(
+        draft=perturbed_draft if speculative else None,
+        gamma=3,
+        max_new_tokens=[40 - (i % 4) * 7 for i in range(n)],
+        eos_token_id=7,
+        seed=8,
+    )
+    mixed = jaxspec.generate(
+        target,
+        mixed_prompts,
+        temperature=[0.0 if i % 3 == 0 else 0.8 + 0.2 * (i % 2) for i in range(n)],
+        top_k=[(3, None, 5, 0)[i % 4] for i in range(n)],  # greedy rows ignore their top-k and top-p
+        top_p=[(None, 0.9, 1.0, 0.7, None)[i % 5] for i in range(n)],
+        **kw,
+    )
+    compiled = jaxspec.loop.generate_program.cache_size()
+    with count_compiles() as counts:
+        greedy = jaxspec.generate(target, mixed_prompts, temperature=0.0, **kw)
+        other = jaxspec.generate(
+            target,
+            mixed_prompts,
+            temperature=[0.0 if i % 3 == 1 else 1.3 for i in range(n)],
+            top_k=[(0, 4, None)[i % 3] for i in range(n)],
+            top_p=0.95,
+            **kw,
+        )
+    assert counts["compiles"] == 0 and counts["traces"] == 0, counts
+    assert jaxspec.loop.generate_program.cache_size() == compiled
+    for result, greedy_rows in ((mixed, range(0, n, 3)), (other, range(1, n, 3))):
+        assert [result.tokens[b] for b in greedy_rows] == [greedy.tokens[b] for b in greedy_rows]
+        assert [result.finish_reasons[b] for b in greedy_rows] == [greedy.finish_reasons[b] for b in greedy_rows]
+    assert any(mixed.tokens[b] != greedy.tokens[b] for b in range(1, n, 3))  # the sampled rows did sample
