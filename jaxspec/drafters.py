@@ -1,4 +1,20 @@
-"""Drafters that are not models. A draft model is any ``CausalLM``; ``PromptLookup`` drafts by copying.
+"""Drafters: what proposes the γ tokens of a round. One small protocol (``Drafter``), three implementations:
+``ModelDrafter`` (a draft ``CausalLM``), ``PromptLookup`` (copying n-grams) and ``NoDraft`` (plain decoding).
+
+The protocol (a drafter is static and hashable: it is part of the compiled loop's key; its weights, if any, are
+passed in as the traced ``params``):
+
+  * ``init_state(batch, cache_len)`` -> the drafter's own state (a pytree, e.g. its KV cache; None if it has
+    none), built inside jit;
+  * ``prefill(params, prompt [B, T], positions [B, T], state)`` -> state, after the prompt;
+  * ``draft(params, state, tokens [B, S], length [B], sampling, keys [B, γ], vocab_size)`` -> ``Proposal``:
+    γ draft tokens per row, the distribution q each was drawn from (one-hot for a deterministic drafter), the
+    new state and a per-row flag for non-finite logits.
+
+Catching up after acceptance is the drafter's own business: ``draft`` sees each row's verified tokens and
+``length``; the model drafter re-feeds the two newest tokens, so its cache is right after a rejection and after
+a bonus token alike. The loop (``jaxspec.loop``) never asks which drafter it has, so a new one (an EAGLE-style
+head, self-speculation with the target's own early layers) plugs in by implementing these three methods.
 
 Prompt lookup (n-gram) drafting: find the most recent earlier occurrence of the row's last ``n`` tokens in its
 own prompt and output (largest ``n`` from ``max_ngram`` down to ``min_ngram`` that matches) and propose the γ
@@ -11,13 +27,124 @@ context (editing, extraction, code).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxspec.sampling import sample, warp
+
+
+class Proposal(NamedTuple):
+    """One round's drafts for every row.
+
+    Attributes:
+      tokens: ``[B, γ] int32`` draft tokens.
+      q: ``[B, γ, V] float32`` the distribution each draft token was drawn from (warped like the target's).
+      state: the drafter's state after drafting.
+      bad: ``[B] bool``: non-finite logits in a drafting step (always False for drafters without a model).
+    """
+
+    tokens: jax.Array
+    q: jax.Array
+    state: Any
+    bad: jax.Array
+
+
+class Drafter:
+    """Base class of drafters (see the module docstring for the protocol). Subclasses are frozen dataclasses
+    (static, hashable); the defaults here suit a drafter without state or weights."""
+
+    name: str = "drafter"
+
+    def init_state(self, batch: int, cache_len: int) -> Any:
+        """The drafter's state for ``batch`` rows and ``cache_len`` positions (None: stateless)."""
+        return None
+
+    def prefill(self, params, prompt: jax.Array, positions: jax.Array, state: Any) -> Any:
+        """``state`` after reading the (right-padded) ``prompt``; stateless drafters return it unchanged."""
+        return state
+
+    def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
+        """γ = ``keys.shape[1]`` draft tokens per row (see the module docstring)."""
+        raise NotImplementedError
+
+
+def bad_logits(logits: jax.Array) -> jax.Array:
+    """NaN or +inf anywhere, or no finite logit at all (reduces the last axis)."""
+    return jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) | jnp.all(logits == -jnp.inf, axis=-1)
+
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookup:
+class NoDraft(Drafter):
+    """Plain decoding (γ = 0): proposes nothing, so every round is one target step."""
+
+    name: str = "none"
+
+    def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
+        """Empty drafts ``[B, 0]`` and q ``[B, 0, V]``."""
+        batch = tokens.shape[0]
+        empty = jnp.zeros((batch, 0), jnp.int32)
+        return Proposal(empty, jnp.zeros((batch, 0, vocab_size), jnp.float32), state, jnp.zeros((batch,), bool))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter(Drafter):
+    """A draft ``CausalLM`` (its ``apply_fn`` and ``init_cache``; the weights come in as ``params``).
+
+    Its state is its KV cache. It holds valid entries for positions ``0 .. length-3`` at least; each round's first
+    step feeds the two newest tokens ``(length-2, length-1)``, then γ-1 one-token steps, each token sampled from
+    the warped draft logits with the round's keys.
+    """
+
+    apply_fn: Callable
+    init_cache: Callable
+    name: str = "draft"
+
+    @classmethod
+    def of(cls, model) -> ModelDrafter:
+        """The drafter of a ``CausalLM``."""
+        return cls(model.apply_fn, model.init_cache, model.name)
+
+    def init_state(self, batch: int, cache_len: int):
+        """A fresh KV cache (``init_cache(batch, cache_len)``)."""
+        return self.init_cache(batch, cache_len)
+
+    def prefill(self, params, prompt, positions, state):
+        """The cache after a forward pass over the prompt."""
+        return self.apply_fn(params, prompt, positions, state)[1]
+
+    def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
+        """γ draft-model steps (the first over the two newest tokens)."""
+        gamma = keys.shape[1]
+        rows = jnp.arange(tokens.shape[0])
+        pos_last = length - 1
+        pos_prev = jnp.maximum(length - 2, 0)
+        toks = jnp.stack([tokens[rows, pos_prev], tokens[rows, pos_last]], axis=1)
+        logits, cache = self.apply_fn(params, toks, jnp.stack([pos_prev, pos_last], axis=1), state)
+        q0 = warp(logits[:, -1], sampling)
+        d1 = jax.vmap(sample)(keys[:, 0], q0)
+        bad = bad_logits(logits[:, -1])
+
+        def step(carry, xs):
+            cache, tok, bad = carry
+            key, offset = xs
+            logits, cache = self.apply_fn(params, tok[:, None], (pos_last + offset)[:, None], cache)
+            q = warp(logits[:, 0], sampling)
+            nxt = jax.vmap(sample)(key, q)
+            return (cache, nxt, bad | bad_logits(logits[:, 0])), (nxt, q)
+
+        (cache, _, bad), (rest, q_rest) = jax.lax.scan(
+            step, (cache, d1, bad), (keys[:, 1:].T, jnp.arange(1, gamma, dtype=jnp.int32))
+        )
+        drafts = jnp.concatenate([d1[:, None], rest.T], axis=1)
+        q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)
+        return Proposal(drafts, q, cache, bad)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookup(Drafter):
     """Prompt-lookup drafting with n-grams of ``max_ngram`` down to ``min_ngram`` tokens (static, hashable).
 
     Attributes:
@@ -65,9 +192,16 @@ class PromptLookup:
         idx = jnp.where(best_start[:, None] >= 0, idx, length[:, None] - 1)
         return jnp.take_along_axis(tokens, jnp.clip(idx, 0, size - 1), axis=1)
 
+    def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
+        """``propose``'s γ tokens with a one-hot q (a deterministic proposal)."""
+        drafts = self.propose(tokens, length, keys.shape[1])
+        q = jax.nn.one_hot(drafts, vocab_size, dtype=jnp.float32)
+        return Proposal(drafts, q, state, jnp.zeros((tokens.shape[0],), bool))
+
 
 def as_drafter(draft):
-    """``"prompt_lookup"`` -> ``PromptLookup()``; a ``PromptLookup`` as is; anything else: None."""
+    """``"prompt_lookup"`` -> ``PromptLookup()``; a ``Drafter`` (``PromptLookup`` or any other) as is; anything
+    else (a draft ``CausalLM``, None): None."""
     if isinstance(draft, str) and draft == "prompt_lookup":
         return PromptLookup()
-    return draft if isinstance(draft, PromptLookup) else None
+    return draft if isinstance(draft, Drafter) else None

@@ -186,7 +186,7 @@ def run(prep: Prepared) -> tuple[loop.State, float, float]:
     else:  # gamma="auto": the rounds program its cost measurement compiled, after a prefill
         state, compile_s = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
         limit = inputs_lib.replicated_scalar(prep.spec.mesh, np.iinfo(np.int32).max)
-        state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, limit)
+        state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, limit, limit)
         compile_s += seconds
     state = jax.block_until_ready(state)
     return state, time.perf_counter() - start - compile_s, compile_s
@@ -323,8 +323,9 @@ class Stream:
         plen = emitted.copy()
         texts_so_far = [""] * n
         one = inputs_lib.replicated_scalar(prep.spec.mesh, 1)
+        never = inputs_lib.replicated_scalar(prep.spec.mesh, np.iinfo(np.int32).max)
         while True:
-            state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, one)
+            state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, one, never)
             compile_s += seconds
             length, done = sharding.to_host((state.length, state.done))
             length = length[:n]

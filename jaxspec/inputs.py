@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxspec import loop, sharding
+from jaxspec.drafters import Drafter, ModelDrafter, NoDraft
 from jaxspec.model import CausalLM
 from jaxspec.request import Request
 from jaxspec.sampling import SamplingParams
@@ -67,18 +68,26 @@ def buckets(request: Request) -> Buckets:
 
 def loop_spec(request: Request, cache_len: int, gamma: int) -> loop.LoopSpec:
     """The static ``LoopSpec`` for ``request`` at ``gamma`` draft tokens per round (0: plain decoding, no draft)."""
-    draft = request.draft if gamma > 0 else None
     return loop.LoopSpec(
         target_apply=request.target.apply_fn,
         target_init_cache=request.target.init_cache,
-        draft_apply=None if draft is None else draft.apply_fn,
-        draft_init_cache=None if draft is None else draft.init_cache,
+        drafter=loop_drafter(request.drafter if gamma > 0 else None),
         gamma=gamma,
         cache_len=cache_len,
+        vocab_size=request.target.vocab_size,
         mesh=request.mesh,
-        lookup=request.lookup if gamma > 0 else None,
         **({} if request.acceptance is None else {"acceptance": request.acceptance}),
     )
+
+
+def loop_drafter(draft) -> Drafter:
+    """The loop's (static) ``Drafter`` for what ``generate`` was given as ``draft``: a draft ``CausalLM`` ->
+    ``ModelDrafter``; a ``Drafter`` (``PromptLookup``, ...) as is; None -> ``NoDraft()``."""
+    if draft is None:
+        return NoDraft()
+    if isinstance(draft, CausalLM):
+        return ModelDrafter.of(draft)
+    return draft
 
 
 def loop_inputs(request: Request, shape: Buckets) -> loop.LoopInputs:
@@ -129,7 +138,13 @@ def place_inputs(inputs: loop.LoopInputs, mesh: Mesh) -> loop.LoopInputs:
 def place_params(target: CausalLM, draft, mesh: Mesh | None, shard_draft: bool = True):
     """``(target_params, draft_params)`` as the loop takes them: on a mesh, the target's sharded by their logical
     axes and the draft's too, or replicated with ``shard_draft=False``; without a mesh, as they are.
-    ``draft_params`` is None when ``draft`` is not a ``CausalLM`` (no draft, or prompt lookup)."""
+    ``draft_params`` is None when ``draft`` is not a ``CausalLM`` (no draft, or prompt lookup), or the
+    drafter's own ``params`` attribute (replicated on a mesh) for other ``Drafter``s that carry weights."""
+    if isinstance(draft, Drafter):
+        own = getattr(draft, "params", None)
+        if mesh is not None and own is not None:
+            own = jax.tree.map(lambda x: sharding.put(np.asarray(x), NamedSharding(mesh, P())), own)
+        return place_params(target, None, mesh)[0], own
     if not isinstance(draft, CausalLM):
         draft = None
     if mesh is None:

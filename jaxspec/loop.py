@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec import sharding
+from jaxspec.drafters import bad_logits
 from jaxspec.loop_state import (  # re-exported: the loop's types are part of jaxspec.loop's API
     FINISH_CACHE,
     FINISH_EOS,
@@ -34,32 +35,36 @@ from jaxspec.loop_state import (  # re-exported: the loop's types are part of ja
     state_shardings,
     zero_counters,
 )
-from jaxspec.sampling import SamplingParams, sample, warp
+from jaxspec.sampling import SamplingParams, warp
 
 
-def _bad_logits(logits: jax.Array) -> jax.Array:
-    """NaN or +inf anywhere, or no finite logit at all (reduces the last axis)."""
-    return jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) | jnp.all(logits == -jnp.inf, axis=-1)
+def _per_row(inputs: LoopInputs, batch: int) -> tuple[jax.Array, SamplingParams]:
+    """``(eos [B, E], sampling with [B] fields)``: one EOS set or scalar parameters broadcast to every row."""
+    eos = inputs.eos if inputs.eos.ndim == 2 else jnp.broadcast_to(inputs.eos, (batch, inputs.eos.shape[0]))
+    sampling = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch,)), inputs.sampling)
+    return eos, sampling
 
 
 def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
-    """The initial state: the target (and the draft model, if any) run over the padded prompt into fresh caches.
+    """The initial state: the target and the drafter run over the padded prompt into fresh caches/state.
 
     Generates nothing (``length = prompt_len``; the first round re-feeds the last prompt token). The caches'
     padding slots ``prompt_len .. T-1`` hold stale entries until overwritten."""
     batch, plen = inputs.prompt.shape
     positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (batch, plen))
 
-    def empty_cache(init_cache):
-        cache = init_cache(batch, spec.cache_len)
+    def placed(cache):
         return cache if spec.mesh is None else sharding.constrain(cache, sharding.cache_sharding(cache, spec.mesh))
 
-    _, target_cache = spec.target_apply(target_params, inputs.prompt, positions, empty_cache(spec.target_init_cache))
-    draft_cache = None
-    if spec.draft_apply is not None:
-        _, draft_cache = spec.draft_apply(draft_params, inputs.prompt, positions, empty_cache(spec.draft_init_cache))
+    _, target_cache = spec.target_apply(
+        target_params, inputs.prompt, positions, placed(spec.target_init_cache(batch, spec.cache_len))
+    )
+    draft_state = spec.drafter.prefill(
+        draft_params, inputs.prompt, positions, placed(spec.drafter.init_state(batch, spec.cache_len))
+    )
     tokens = jnp.zeros((batch, spec.cache_len), jnp.int32).at[:, :plen].set(inputs.prompt)
     row_keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(inputs.seeds, inputs.row_ids)
+    eos, sampling = _per_row(inputs, batch)
     state = State(
         tokens=tokens,
         logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
@@ -69,40 +74,13 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
         done=~inputs.active,
         finish=jnp.where(inputs.active, RUNNING, FINISH_PADDING).astype(jnp.int32),
         row_keys=row_keys,
-        eos=inputs.eos,
-        sampling=inputs.sampling,
+        eos=eos,
+        sampling=sampling,
         **zero_counters(spec, batch),
         target_cache=target_cache,
-        draft_cache=draft_cache,
+        draft_state=draft_state,
     )
     return constrain_state(spec, state)
-
-
-def _draft(spec: LoopSpec, draft_params, state: State, keys: jax.Array):
-    """γ draft steps. ``keys [B, γ]`` -> (drafts [B, γ], q [B, γ, V], draft cache, bad [B])."""
-    rows = jnp.arange(state.tokens.shape[0])
-    pos_last = state.length - 1
-    pos_prev = jnp.maximum(state.length - 2, 0)
-    toks = jnp.stack([state.tokens[rows, pos_prev], state.tokens[rows, pos_last]], axis=1)
-    logits, cache = spec.draft_apply(draft_params, toks, jnp.stack([pos_prev, pos_last], axis=1), state.draft_cache)
-    q0 = warp(logits[:, -1], state.sampling)
-    d1 = jax.vmap(sample)(keys[:, 0], q0)
-    bad = _bad_logits(logits[:, -1])
-
-    def step(carry, xs):
-        cache, tok, bad = carry
-        key, offset = xs
-        logits, cache = spec.draft_apply(draft_params, tok[:, None], (pos_last + offset)[:, None], cache)
-        q = warp(logits[:, 0], state.sampling)
-        nxt = jax.vmap(sample)(key, q)
-        return (cache, nxt, bad | _bad_logits(logits[:, 0])), (nxt, q)
-
-    (cache, _, bad), (rest, q_rest) = jax.lax.scan(
-        step, (cache, d1, bad), (keys[:, 1:].T, jnp.arange(1, spec.gamma, dtype=jnp.int32))
-    )
-    drafts = jnp.concatenate([d1[:, None], rest.T], axis=1)
-    q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)
-    return drafts, q, cache, bad
 
 
 def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> State:
@@ -121,15 +99,15 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     round_keys = jax.vmap(lambda k, r: jax.random.split(jax.random.fold_in(k, r), gamma + 1))(
         state.row_keys, state.rounds
     )
-    if gamma > 0 and spec.lookup is not None:  # deterministic proposals: q is one-hot
-        drafts = spec.lookup.propose(state.tokens, state.length, gamma)
-        q = None  # one-hot of the drafts, built below once the vocabulary size is known
-        draft_cache, bad_draft = state.draft_cache, jnp.zeros((batch,), bool)
-    elif gamma > 0:
-        drafts, q, draft_cache, bad_draft = _draft(spec, draft_params, state, round_keys[:, :gamma])
-    else:
-        drafts, q = jnp.zeros((batch, 0), jnp.int32), None
-        draft_cache, bad_draft = state.draft_cache, jnp.zeros((batch,), bool)
+    drafts, q, draft_state, bad_draft = spec.drafter.draft(
+        draft_params,
+        state.draft_state,
+        state.tokens,
+        state.length,
+        state.sampling,
+        round_keys[:, :gamma],
+        spec.vocab_size,
+    )
 
     verify_tokens = jnp.concatenate([last[:, None], drafts], axis=1)
     offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
@@ -138,16 +116,12 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     )
     logits = logits.astype(jnp.float32)
     p = warp(logits, state.sampling)
-    if gamma == 0:  # plain decoding: the sampler with no drafts draws from p_0
-        q = jnp.zeros((batch, 0, p.shape[-1]), jnp.float32)
-    elif q is None:  # prompt lookup
-        q = jax.nn.one_hot(drafts, p.shape[-1], dtype=jnp.float32)
     n, nxt = spec.acceptance(round_keys[:, gamma], drafts, q, p)
 
     # Emitted tokens: d_1..d_n then the correction/bonus token.
     cand = jnp.where(offsets[None] < n[:, None], jnp.concatenate([drafts, nxt[:, None]], axis=1), nxt[:, None])
     count = n + 1
-    is_eos = jnp.any(cand[:, :, None] == state.eos[None, None, :], axis=-1) & (offsets[None] < count[:, None])
+    is_eos = jnp.any(cand[:, :, None] == state.eos[:, None, :], axis=-1) & (offsets[None] < count[:, None])
     has_eos = jnp.any(is_eos, axis=1)
     count = jnp.where(has_eos, jnp.argmax(is_eos, axis=1) + 1, count)
     room_new = state.max_new - (state.length - state.prompt_len)
@@ -175,7 +149,7 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
         ),
     )
     used = offsets[None] <= n[:, None]  # target positions that decided something this round
-    bad_target = state.bad_target | (active & jnp.any(_bad_logits(logits) & used, axis=1))
+    bad_target = state.bad_target | (active & jnp.any(bad_logits(logits) & used, axis=1))
     active_i = active.astype(jnp.int32)
     state = dataclasses.replace(
         state,
@@ -191,17 +165,21 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
         bad_target=bad_target,
         bad_draft=state.bad_draft | (active & bad_draft),
         target_cache=target_cache,
-        draft_cache=draft_cache,
+        draft_state=draft_state,
     )
     return constrain_state(spec, state)
 
 
-def run(spec: LoopSpec, target_params, draft_params, state: State, max_rounds) -> State:
-    """Run rounds until every row is done or ``max_rounds`` rounds have run."""
+def run(spec: LoopSpec, target_params, draft_params, state: State, max_rounds, stop_after) -> State:
+    """Run rounds until every row is done, or ``max_rounds`` rounds have run, or ``stop_after`` of the rows
+    running at entry have finished (the continuous-batching engine's cue to refill slots; pass more than the
+    batch size to never stop for that)."""
+    running_at_entry = ~state.done
 
     def cond(carry):
         i, s = carry
-        return jnp.any(~s.done) & (i < max_rounds)
+        finished = jnp.sum(running_at_entry & s.done)
+        return jnp.any(~s.done) & (i < max_rounds) & (finished < stop_after)
 
     def body(carry):
         i, s = carry
@@ -233,11 +211,11 @@ def _timing_state_fn(spec: LoopSpec, batch: int, length: int, greedy: bool):
             done=jnp.zeros((batch,), bool),
             finish=zeros,
             row_keys=keys,
-            eos=jnp.full((4,), -1, jnp.int32),
-            sampling=SamplingParams.create(0.0 if greedy else 1.0),
+            eos=jnp.full((batch, 4), -1, jnp.int32),
+            sampling=SamplingParams.create(0.0 if greedy else 1.0, batch=batch),
             **zero_counters(spec, batch),
             target_cache=spec.target_init_cache(batch, spec.cache_len),
-            draft_cache=None if spec.draft_apply is None else spec.draft_init_cache(batch, spec.cache_len),
+            draft_state=spec.drafter.init_state(batch, spec.cache_len),
         )
 
     if spec.mesh is None:
@@ -299,8 +277,9 @@ def _signature(args) -> tuple:
 def _generate(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
     """The whole generation in one program; caches are not returned."""
     state = prefill(spec, target_params, draft_params, inputs)
-    state = run(spec, target_params, draft_params, state, jnp.iinfo(jnp.int32).max)
-    return dataclasses.replace(state, target_cache=None, draft_cache=None)
+    never = jnp.iinfo(jnp.int32).max
+    state = run(spec, target_params, draft_params, state, never, never)
+    return dataclasses.replace(state, target_cache=None, draft_state=None)
 
 
 generate_program = Program(_generate)

@@ -12,11 +12,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from jaxspec import sharding
 from jaxspec.acceptance import RejectionSampler
-from jaxspec.drafters import PromptLookup
+from jaxspec.drafters import Drafter, NoDraft
 from jaxspec.sampling import SamplingParams
 
 # finish reasons, as stored on device
@@ -29,24 +28,28 @@ class LoopSpec:
 
     Attributes:
       target_apply, target_init_cache: the target's ``CausalLM.apply_fn`` and ``init_cache``.
-      draft_apply, draft_init_cache: the draft model's, or None (plain decoding or prompt lookup).
+      drafter: what proposes each round's drafts (``jaxspec.drafters.Drafter``: a ``ModelDrafter``, a
+        ``PromptLookup``, ...); ``NoDraft()`` for plain decoding.
       gamma: drafts per round (γ); 0 is plain autoregressive decoding (one target pass per token).
       cache_len: ``S``, the length of ``State.tokens`` and of both KV caches (prompt + generated).
+      vocab_size: ``V``, the target's vocabulary (the last axis of the drafts' q).
       acceptance: the rejection sampler that decides each round.
       mesh: None (one device), or a mesh: per-row arrays split over ``"data"``, caches by
         ``sharding.CACHE_AXES`` (the caller places the weights).
-      lookup: draft by prompt lookup instead of a draft model (when ``gamma > 0``).
     """
 
     target_apply: Callable
     target_init_cache: Callable
-    draft_apply: Callable | None
-    draft_init_cache: Callable | None
+    drafter: Drafter
     gamma: int
     cache_len: int
+    vocab_size: int
     acceptance: RejectionSampler = RejectionSampler()
     mesh: Mesh | None = None
-    lookup: PromptLookup | None = None
+
+    def __post_init__(self):
+        if self.gamma == 0 and not isinstance(self.drafter, NoDraft):
+            raise ValueError(f"LoopSpec: gamma=0 is plain decoding; drafter must be NoDraft(), got {self.drafter!r}")
 
 
 @jax.tree_util.register_dataclass
@@ -60,8 +63,8 @@ class LoopInputs:
       max_new: ``[B] int32`` most tokens to generate per row.
       active: ``[B] bool``; False marks batch padding (such a row starts done, finish ``FINISH_PADDING``).
       seeds, row_ids: ``[B] uint32``; a row's PRNG key is ``fold_in(key(seeds[b]), row_ids[b])``.
-      eos: ``[E] int32`` end-of-sequence ids; ``-1`` marks an unused slot.
-      sampling: temperature / top-k / top-p, shared by every row.
+      eos: ``[B, E] int32`` each row's end-of-sequence ids; ``-1`` marks an unused entry.
+      sampling: temperature / top-k / top-p, ``[B]`` each (one value per row).
     """
 
     prompt: jax.Array
@@ -91,14 +94,14 @@ class State:
       finish: ``[B] int32`` one of ``RUNNING``, ``FINISH_EOS``, ``FINISH_LENGTH``, ``FINISH_CACHE``,
         ``FINISH_PADDING``.
       row_keys: ``[B]`` typed PRNG keys; round ``r`` of row ``b`` splits ``fold_in(row_keys[b], r)`` γ+1 ways.
-      eos: ``[E] int32`` and sampling: ``SamplingParams``, from ``LoopInputs``.
+      eos: ``[B, E] int32`` and sampling: ``SamplingParams`` (``[B]`` fields), from ``LoopInputs``.
       rounds: ``[B] int32`` target verify passes.
       drafted, accepted: ``[B] int32`` drafts proposed (γ per round) and drafts accepted.
       accept_hist: ``[B, γ+1] int32`` rounds by number of accepted drafts.
       bad_target: ``[B] bool``: target logits that decided a token had a NaN or +inf, or no finite entry.
       bad_draft: ``[B] bool``: likewise for any draft-model step (never set by prompt lookup).
       target_cache: the target's cache pytree (``init_cache(B, S)``).
-      draft_cache: the draft model's cache pytree, or None without a draft model.
+      draft_state: the drafter's state (a draft model's KV cache), or None for drafters without one.
     """
 
     tokens: jax.Array
@@ -118,25 +121,23 @@ class State:
     bad_target: jax.Array
     bad_draft: jax.Array
     target_cache: Any
-    draft_cache: Any
+    draft_state: Any
 
 
-_REPLICATED_FIELDS = ("eos", "sampling")
+_CACHE_FIELDS = ("target_cache", "draft_state")
 
 
 def state_shardings(spec: LoopSpec, state: State) -> State:
-    """Where each part of the loop state lives on ``spec.mesh``: per-row arrays split over ``data`` (batch),
-    caches by ``sharding.CACHE_AXES``, EOS ids and sampling parameters replicated."""
+    """Where each part of the loop state lives on ``spec.mesh``: every per-row array (all but the caches) split
+    over ``data`` (batch), caches by ``sharding.CACHE_AXES`` (other drafter states: left to XLA)."""
     mesh = spec.mesh
 
     def named(field, value):
         if value is None:
             return None
-        if field in ("target_cache", "draft_cache"):
+        if field in _CACHE_FIELDS:
             return sharding.cache_sharding(value, mesh)
-        if field in _REPLICATED_FIELDS:
-            return jax.tree.map(lambda _: NamedSharding(mesh, P()), value)
-        return NamedSharding(mesh, sharding.batch_spec(value.ndim))
+        return jax.tree.map(lambda x: NamedSharding(mesh, sharding.batch_spec(x.ndim)), value)
 
     return State(**{f.name: named(f.name, getattr(state, f.name)) for f in dataclasses.fields(State)})
 

@@ -129,7 +129,7 @@ def test_params_and_caches_are_sharded(target, small_draft, prompts):
     k = state.target_cache.k
     assert k.sharding.spec == P(None, "data", None, "model", None)
     assert _per_device_bytes(k) == k.nbytes // 8
-    dk = state.draft_cache.k  # the draft's single kv head stays whole; its rows still split over data
+    dk = state.draft_state.k  # the draft's single kv head stays whole; its rows still split over data
     assert dk.sharding.spec == P(None, "data", None, None, None)
     assert _per_device_bytes(dk) == dk.nbytes // 4
     assert state.tokens.sharding.spec == P("data", None)

@@ -51,7 +51,7 @@ def _placement(target, draft, prompts, kw, mesh) -> dict:
         "target_weights": _per_device(tparams),
         "draft_weights": _per_device(dparams),
         "target_cache": _per_device(state.target_cache),
-        "draft_cache": _per_device(state.draft_cache),
+        "draft_cache": _per_device(state.draft_state),
     }
     if mesh is not None:
         out["fallbacks"] = [str(f) for f in sharding.plan(target, mesh).fallbacks]

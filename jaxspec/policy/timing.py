@@ -53,11 +53,12 @@ def time_rounds(
 
     def once(spec, params, rounds: int):
         state = jax.block_until_ready(loop.timing_state(spec, batch, 1, greedy))
-        limit = jnp.int32(rounds)
+        limit, never = jnp.int32(rounds), jnp.int32(np.iinfo(np.int32).max)
         if spec.mesh is not None:
             limit = sharding.put(np.int32(rounds), NamedSharding(spec.mesh, P()))
+            never = sharding.put(np.int32(np.iinfo(np.int32).max), NamedSharding(spec.mesh, P()))
         start = time.perf_counter()
-        out, _ = loop.rounds_program(spec, target_params, params, state, limit)
+        out, _ = loop.rounds_program(spec, target_params, params, state, limit, never)
         out = jax.block_until_ready(out)
         seconds = time.perf_counter() - start
         return seconds, int(np.max(sharding.to_host(out.rounds)))
