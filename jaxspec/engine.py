@@ -375,7 +375,7 @@ class EngineRun:
         )
         where = col(free, self.engine.slots, np.int32)  # padding rows go past the last slot: dropped
         if spec.mesh is None:
-            inputs, where = jax.tree.map(jax.numpy.asarray, (inputs, where))
+            inputs, where = jax.device_put((inputs, where))
         else:
             inputs = inputs_lib.place_inputs(inputs, spec.mesh)
             where = sharding.put(where, jax.sharding.NamedSharding(spec.mesh, jax.sharding.PartitionSpec()))

@@ -1,0 +1,176 @@
+"""Continuous batching (``jaxspec.Engine``): every request's output equals ``generate`` on that prompt alone (same
+seed, same cache length), whatever slot it ran in and whenever it was inserted; refills after EOS, after
+``max_new_tokens`` and at the cache end; no recompilation across refills or runs; a mesh run equals one device;
+bad requests fail before anything compiles."""
+
+import numpy as np
+import pytest
+from helpers import VOCAB, count_compiles
+
+import jaxspec
+from jaxspec.engine import Engine
+
+S = 64  # every slot's cache length (generate gets the same max_length)
+GAMMA = 3
+
+
+def requests_of(n: int, seed: int = 0) -> list[dict]:
+    """``n`` requests with prompts of 1..8 tokens (one prompt bucket) and mixed ``max_new_tokens``."""
+    rng = np.random.default_rng(seed)
+    return [
+        dict(prompt=rng.integers(0, VOCAB, int(rng.integers(1, 9))).tolist(), max_new_tokens=int(rng.integers(1, 24)))
+        for _ in range(n)
+    ]
+
+
+def alone(target, draft, req: dict, **kw):
+    """``generate`` on the one prompt of ``req`` (its own seed when it has one)."""
+    seed = [req["seed"]] if "seed" in req else kw.pop("seed", 0)
+    params = {k: req[k] for k in ("temperature", "top_k", "top_p", "eos_token_id") if k in req}
+    kw = {**kw, **params}
+    return jaxspec.generate(
+        target,
+        [req["prompt"]],
+        draft=draft,
+        gamma=GAMMA,
+        max_new_tokens=req["max_new_tokens"],
+        max_length=S,
+        seed=seed,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("drafter", ["plain", "model", "lookup"])
+def test_greedy_rows_equal_generate_alone(target, perturbed_draft, drafter):
+    draft = {"plain": None, "model": perturbed_draft, "lookup": "prompt_lookup"}[drafter]
+    reqs = requests_of(10)
+    run = Engine(target, draft=draft, gamma=GAMMA, slots=4, max_length=S, temperature=0.0).run(reqs)
+    got = list(run)
+    assert sorted(r.index for r in got) == list(range(10))  # every request once
+    for r in got:
+        ref = alone(target, draft, reqs[r.index], temperature=0.0)
+        assert r.tokens == ref.tokens[0], r.index
+        assert r.finish_reason == ref.finish_reasons[0]
+        np.testing.assert_allclose(r.logprobs, ref.logprobs[0], atol=1e-5)
+        assert r.stats.generated_tokens == len(r.tokens) == ref.stats.rows[0].generated_tokens
+    assert {r.slot for r in got} == set(range(4))  # slots were reused
+    stats = run.stats
+    assert stats.rows == 10 and stats.refills >= 3 and 0 < stats.occupancy <= 1
+    assert stats.generated_tokens == sum(len(r.tokens) for r in got)
+    assert stats.row_rounds == sum(r.stats.rounds for r in got) <= stats.rounds * 4
+    assert sum(r.wall_time_s for r in got) == pytest.approx(stats.wall_time_s, rel=1e-6)
+    if drafter != "plain":
+        assert stats.drafted == GAMMA * stats.row_rounds
+
+
+def test_sampled_mixed_rows_equal_generate_alone(target, perturbed_draft):
+    """Per-request seeds and sampling parameters (greedy, plain T, top-k, top-p rows in one run)."""
+    settings = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_k=5), dict(top_p=0.7)]
+    reqs = [dict(r, seed=100 + i, **settings[i % 4]) for i, r in enumerate(requests_of(8, seed=1))]
+    got = list(Engine(target, draft=perturbed_draft, gamma=GAMMA, slots=3, max_length=S).run(reqs))
+    assert sorted(r.index for r in got) == list(range(8))
+    for r in got:
+        assert r.tokens == alone(target, perturbed_draft, reqs[r.index]).tokens[0], r.index
+
+
+def test_default_seed_is_generate_over_all_requests(target, perturbed_draft):
+    """Without per-request seeds, request i draws as row i of one ``generate`` call over all of them."""
+    reqs = requests_of(6, seed=2)
+    got = {r.index: r for r in Engine(target, draft=perturbed_draft, gamma=GAMMA, slots=2, max_length=S).run(reqs)}
+    ref = jaxspec.generate(
+        target,
+        [r["prompt"] for r in reqs],
+        draft=perturbed_draft,
+        gamma=GAMMA,
+        max_new_tokens=[r["max_new_tokens"] for r in reqs],
+        max_length=S,
+    )
+    assert [got[i].tokens for i in range(6)] == ref.tokens
+
+
+def test_refills_after_eos_length_and_cache_end(target, perturbed_draft):
+    """Two slots, requests that end by EOS, by ``max_new_tokens`` and at the cache end; the requests inserted into
+    the freed slots after each are still exact."""
+    probe = requests_of(1, seed=3)[0]
+    first = alone(target, perturbed_draft, dict(probe, max_new_tokens=6), temperature=0.0).tokens[0]
+    eos = first[3]
+    rng = np.random.default_rng(4)
+    long_prompt = rng.integers(0, VOCAB, S - 5).tolist()
+    reqs = [
+        dict(probe, max_new_tokens=20, eos_token_id=eos),  # EOS at its 4th token (or earlier)
+        dict(prompt=[1, 2, 3], max_new_tokens=5),  # max_new_tokens
+        dict(prompt=long_prompt, max_new_tokens=40),  # the cache end: 5 slots left
+        *requests_of(5, seed=5),
+    ]
+    got = {
+        r.index: r
+        for r in Engine(target, draft=perturbed_draft, gamma=GAMMA, slots=2, max_length=S, temperature=0.0).run(reqs)
+    }
+    assert [got[i].finish_reason for i in range(3)] == ["eos", "length", "cache"]
+    assert got[0].tokens[-1] == eos and len(got[2].tokens) == 5
+    for i, req in enumerate(reqs):
+        assert got[i].tokens == alone(target, perturbed_draft, req, temperature=0.0).tokens[0], i
+
+
+def test_no_recompilation_across_refills_and_runs(target, perturbed_draft):
+    """Refills compile once per (rows, prompt) bucket, not per refill; a later run whose requests differ only in
+    values (prompt ids, seeds, temperature, top-k, top-p) compiles nothing."""
+    engine = Engine(target, draft=perturbed_draft, gamma=GAMMA, slots=4, max_length=S, temperature=0.0)
+    with count_compiles() as counts:
+        run = engine.run(requests_of(12, seed=6))
+        assert len(list(run)) == 12
+    # the idle state, the rounds program and refills of at most 3 row buckets (4, 2, 1): fewer than the refills
+    assert counts["compiles"] <= 5 < run.stats.refills + 1
+    plain = Engine(target, slots=4, max_length=S, temperature=0.0)
+    reqs = requests_of(9, seed=7)
+    list(plain.run(reqs))
+    rng = np.random.default_rng(0)
+    values = [0.0, 0.5, 1.2]
+    other = [
+        dict(
+            r,
+            prompt=rng.integers(0, VOCAB, len(r["prompt"])).tolist(),
+            temperature=values[i % 3],
+            seed=i,
+            top_k=i % 4,
+            top_p=[1.0, 0.9][i % 2],
+        )
+        for i, r in enumerate(reqs)
+    ]
+    with count_compiles() as counts:
+        run = plain.run(other)
+        assert len(list(run)) == 9
+    assert counts["compiles"] == 0 and run.stats.compile_time_s == 0 and run.stats.refills >= 3
+
+
+def test_mesh_run_equals_one_device(target, perturbed_draft):
+    reqs = requests_of(6, seed=8)
+    kw = dict(draft=perturbed_draft, gamma=GAMMA, slots=4, max_length=S, temperature=0.0)
+    one = {r.index: r.tokens for r in Engine(target, **kw).run(reqs)}
+    mesh = {r.index: r.tokens for r in Engine(target, mesh={"data": 2, "model": 4}, **kw).run(reqs)}
+    assert mesh == one
+
+
+def test_bad_requests_fail_before_compiling(target):
+    engine = Engine(target, slots=2, max_length=S)
+    cases = [
+        ([], "requests is empty"),
+        ([dict(prompt=[1], temperature=-1.0)], r"temperature\[0\]"),
+        ([[1], dict(prompt=[1], top_p=0.0)], r"top_p\[1\]"),
+        ([dict(prompt=[1], top_k=-2)], r"top_k\[0\]"),
+        ([dict(prompt=[1], colour="red")], r"requests\[0\] has unknown keys \['colour'\]"),
+        ([dict(max_new_tokens=3)], r'requests\[0\] has no "prompt"'),
+        ([[1], [2], dict(prompt=[1], eos_token_id=VOCAB)], r"requests\[2\]\.eos_token_id"),
+        ([dict(prompt=[VOCAB + 1])], r"outside the vocabulary"),
+        ([dict(prompt=list(range(S)))], "does not fit max_length"),
+        ([dict(prompt=[1], max_new_tokens=0)], "max_new_tokens"),
+    ]
+    with count_compiles() as counts:
+        for reqs, message in cases:
+            with pytest.raises(ValueError, match=message):
+                engine.run(reqs)
+        with pytest.raises(ValueError, match="slots must be an int >= 1"):
+            Engine(target, slots=0)
+        with pytest.raises(ValueError, match="temperature"):
+            Engine(target, temperature=-1)
+    assert counts["compiles"] == 0
