@@ -1,6 +1,8 @@
 """jaxspec: exact speculative decoding in JAX.
 
 Public API: ``CausalLM`` (the model contract), ``generate`` and ``stream`` (plain or speculative decoding),
+``Engine`` (continuous batching over many requests, results yielded as rows finish), ``Drafter`` (the drafter
+protocol; ``PromptLookup`` is one),
 ``models.llama`` (a built-in Llama-family decoder), ``load`` (jaxspec orbax checkpoints and Hugging Face
 safetensors directories), ``save`` (orbax) and ``export_hf``; ``sharding`` (meshes, ``shard``, ``plan``) and
 ``multihost`` (``share_prompts``) for generation across devices and processes.
@@ -14,7 +16,8 @@ _os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 from jaxspec import multihost, policy, sharding
 from jaxspec.checkpoint import load, save  # noqa: E402
 from jaxspec.distill import distill
-from jaxspec.drafters import PromptLookup
+from jaxspec.drafters import Drafter, PromptLookup
+from jaxspec.engine import Engine, EngineStats, RowResult  # noqa: E402
 from jaxspec.generate import Stream, generate, stream  # noqa: E402
 from jaxspec.hf_export import export_hf
 from jaxspec.model import CausalLM
@@ -24,9 +27,13 @@ from jaxspec.sharding import shard
 
 __all__ = [
     "CausalLM",
+    "Drafter",
+    "Engine",
+    "EngineStats",
     "GenerationResult",
     "NonFiniteLogitsError",
     "PromptLookup",
+    "RowResult",
     "RowStats",
     "Stats",
     "Stream",

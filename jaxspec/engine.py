@@ -369,7 +369,7 @@ class EngineRun:
             eos=eos,
             sampling=SamplingParams.create(
                 col(request.temperature[take], 0.0, np.float32),
-                col(request.top_k[take], 0, np.int32),
+                col(np.minimum(request.top_k[take], self.spec.vocab_size), 0, np.int32),
                 col(request.top_p[take], 1.0, np.float32),
             ),
         )

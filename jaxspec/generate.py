@@ -94,7 +94,7 @@ class Prepared:
     Attributes:
       spec: the static ``loop.LoopSpec`` (γ, cache length S, functions, mesh); ``spec.gamma`` 0 is plain decoding.
       inputs: the traced ``loop.LoopInputs``: ``prompt [B, T]``, ``prompt_len``/``max_new``/``active``/``seeds``/
-        ``row_ids`` ``[B]``, ``eos [E]``, sampling parameters; placed on ``spec.mesh`` when there is one.
+        ``row_ids`` ``[B]``, ``eos [E]``, sampling parameters ``[B]``; placed on ``spec.mesh`` when there is one.
       num_rows: N, the number of prompts (rows ``N..B-1`` are inactive padding).
       tokenizer: the target's tokenizer (None without one), for ``texts``.
       shard_draft: on a mesh, whether the draft's weights are sharded (True) or replicated.
@@ -234,9 +234,9 @@ def generate(
     draft: CausalLM | PromptLookup | str | None = None,
     gamma: int | str = 4,
     max_new_tokens: int | Sequence[int] = 64,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    temperature: float | Sequence[float] = 1.0,
+    top_k: int | Sequence[int | None] | None = None,
+    top_p: float | Sequence[float | None] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | Sequence[int] = 0,
     max_length: int | None = None,
@@ -356,9 +356,9 @@ def stream(
     draft: CausalLM | PromptLookup | str | None = None,
     gamma: int | str = 4,
     max_new_tokens: int | Sequence[int] = 64,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    temperature: float | Sequence[float] = 1.0,
+    top_k: int | Sequence[int | None] | None = None,
+    top_p: float | Sequence[float | None] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | Sequence[int] = 0,
     max_length: int | None = None,

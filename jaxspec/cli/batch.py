@@ -1,7 +1,8 @@
 """``jaxspec generate --input in.jsonl --output out.jsonl``: the resumable batch job. Prompts are read and checked
-(``jaxspec.jsonl.read_prompts``), ids already in the output are skipped, the rest is generated ``--batch-size``
-prompts at a time and each record appended and fsync'ed as soon as its batch is done; a per-category summary
-(``records.summary_table``) goes to stdout at the end."""
+(``jaxspec.jsonl.read_prompts``), ids already in the output are skipped, the rest is fed continuously to an
+``jaxspec.Engine`` of ``--batch-size`` slots (a finished row's slot takes the next prompt) and each record is
+appended and fsync'ed as soon as its row finishes; a per-category summary (``records.summary_table``) goes to
+stdout at the end."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import argparse
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
 from jaxspec import jsonl
 from jaxspec.cli.common import CliError, warn
 from jaxspec.cli.models import check_models, gen_kwargs, is_none, load_models
-from jaxspec.cli.records import make_record, plot_acceptance, split_wall, summary_table
+from jaxspec.cli.records import make_record, plot_acceptance, summary_table
 from jaxspec.jsonl import Row
 
 
@@ -143,45 +145,54 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_error(err: ValueError, batch: list[Row]) -> CliError:
+    """A request error of ``Engine.run`` (which numbers requests in ``batch`` order) naming the row's id."""
+    found = re.search(r"\[(\d+)\]", str(err))
+    where = f" (id {batch[int(found.group(1))].id!r})" if found and int(found.group(1)) < len(batch) else ""
+    return CliError(f"generating{where}: {err}")
+
+
 def _run_batches(args, pending: list[Row], target, draft, appender: jsonl.Appender, done: dict) -> None:
     from tqdm import tqdm
 
     import jaxspec
 
+    requests = [dict(prompt=r.prompt, seed=row_seed(args.seed, r.id)) for r in pending]
     kw = gen_kwargs(args, draft)
-    tokens = wall = accepted = drafted = 0
+    chat = kw.pop("chat")
+    plain = {}
+    if args.compare:  # plain decoding first, same engine settings: its per-row time and tokens go in the records
+        engine = jaxspec.Engine(target, slots=args.batch_size, chat=chat, **gen_kwargs(args, None, chat=False))
+        try:
+            for r in engine.run(requests):
+                plain[r.index] = (r.wall_time_s, r.stats.generated_tokens)
+        except ValueError as err:
+            raise _engine_error(err, pending) from None
+    engine = jaxspec.Engine(target, draft=draft, slots=args.batch_size, chat=chat, **kw)
+    try:
+        run = engine.run(requests)
+    except ValueError as err:
+        raise _engine_error(err, pending) from None
     bar = tqdm(
         total=len(pending), unit="row", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True, desc="generate"
     )
+    tokens = accepted = drafted = 0
     try:
-        for start in range(0, len(pending), args.batch_size):
-            batch = pending[start : start + args.batch_size]
-            prompts = [r.prompt for r in batch]
-            seeds = [row_seed(args.seed, r.id) for r in batch]
-            try:
-                result = jaxspec.generate(target, prompts, draft=draft, seed=seeds, **kw)
-                plain = None
-                if args.compare:
-                    pres = jaxspec.generate(target, prompts, draft=None, seed=seeds, **gen_kwargs(args, None))
-                    counts = [s.generated_tokens for s in pres.stats.rows]
-                    plain = list(zip(split_wall(pres.stats.wall_time_s, counts), counts))
-            except ValueError as err:
-                ids = ", ".join(repr(r.id) for r in batch)
-                raise CliError(f"generating ids {ids}: {err}") from None
-            counts = [s.generated_tokens for s in result.stats.rows]
-            walls = split_wall(result.stats.wall_time_s, counts)
-            for i, row in enumerate(batch):
-                rec = make_record(row, result, i, walls[i], None if plain is None else plain[i])
-                appender.write(rec)
-                done[row.key] = rec
+        for result in run:
+            row = pending[result.index]
+            if result.error:
+                raise CliError(f"id {row.id!r}: {result.error}")
+            rec = make_record(row, result, run.stats.gamma, plain.get(result.index))
+            appender.write(rec)
+            done[row.key] = rec
             tokens += result.stats.generated_tokens
-            wall += result.stats.wall_time_s
             accepted += result.stats.accepted
             drafted += result.stats.drafted
+            wall = run.stats.wall_time_s
             post = {"tok/s": f"{tokens / wall:.1f}" if wall > 0 else "-"}
             if drafted:
                 post["α"] = f"{accepted / drafted:.3f}"
             bar.set_postfix(post, refresh=False)
-            bar.update(len(batch))
+            bar.update(1)
     finally:
         bar.close()

@@ -21,6 +21,8 @@ One prompt:  jaxspec generate "def f(x):"
   (verify pass ÷ target step) known only with --gamma auto.
 
 Batch:  jaxspec generate --input prompts.jsonl --output out.jsonl [--batch-size 8]
+  Continuous batching: --batch-size slots decode together and a finished row's slot takes the next prompt at
+  once; each record is written as soon as its row finishes (so records come in finishing order).
   Input lines: {"id": ..., "prompt": "...", "category": "..." (optional)}, or Spec-Bench / MT-bench
   {"question_id": ..., "category": ..., "turns": ["...", ...]} (the first turn is the prompt; id = question_id).
   Ids are ints or strings and must be unique.
@@ -29,14 +31,15 @@ Batch:  jaxspec generate --input prompts.jsonl --output out.jsonl [--batch-size 
   drafted, accepted, accept_hist, gamma, and a Spec-Bench "choices" entry (turns, new_tokens, wall_time,
   accept_lengths as lists) so Spec-Bench's speed.py reads the file as is. With --compare also plain_wall_time
   and plain_new_tokens.
-    wall_time: the batch's device time (compilation excluded) split over its rows in proportion to their new
-      tokens, so a category's tokens ÷ wall time is the batch throughput.
+    wall_time: the row's share of the job's device time (compilation excluded): each decode stretch's time split
+      over the rows by the tokens they generated in it, each prefill's over the rows it inserted; so a
+      category's tokens ÷ wall time is its throughput.
     accept_lengths: accepted drafts + 1 for each round, rebuilt from the row's accept-length histogram: the
       round order is not preserved (ascending), and the prefill's first token is not a round.
   Resuming: ids already in --output are skipped, so a killed job rerun with the same arguments ends with every
   id exactly once; a partial last line left by a crash is removed (and reported) before appending.
   At the end a per-category table goes to stdout: rows, tokens, α, τ, tokens/s and the speed-up (measured
-  with --compare, which also runs plain decoding for every batch; "-" otherwise).
+  with --compare, which first runs plain decoding over the same prompts; "-" otherwise).
 """
 
 
@@ -144,7 +147,12 @@ def add_parser(sub) -> None:
     b = g.add_argument_group("batch mode")
     b.add_argument("-i", "--input", metavar="JSONL", help="prompts, one JSON object a line (see above)")
     b.add_argument("-o", "--output", metavar="JSONL", help="records, appended; rerun to resume")
-    b.add_argument("--batch-size", type=positive, default=8, help="prompts per generate call (default 8)")
+    b.add_argument(
+        "--batch-size",
+        type=positive,
+        default=8,
+        help="slots: rows decoded together, each refilled as soon as its row finishes (default 8)",
+    )
     b.add_argument(
         "--on-error",
         choices=["fail", "skip"],

@@ -73,15 +73,17 @@ def load_models(args: argparse.Namespace):
     return target, draft
 
 
-def gen_kwargs(args: argparse.Namespace, draft) -> dict:
-    """The decoding keyword arguments of ``jaxspec.generate`` from ``args`` (``gamma`` only with a draft)."""
+def gen_kwargs(args: argparse.Namespace, draft, chat: bool = True) -> dict:
+    """The decoding keyword arguments of ``jaxspec.generate`` (and ``jaxspec.Engine``) from ``args`` (``gamma``
+    only with a draft; ``chat`` unless ``chat=False``)."""
     kw = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
-        chat=args.chat,
     )
+    if chat:
+        kw["chat"] = args.chat
     if draft is not None:
         kw["gamma"] = args.gamma
     return kw

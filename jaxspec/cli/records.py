@@ -15,27 +15,22 @@ def accept_lengths(hist) -> list[int]:
     return [n + 1 for n, count in enumerate(hist) for _ in range(int(count))]
 
 
-def split_wall(total: float, weights: list[int]) -> list[float]:
-    """``total`` split in proportion to ``weights`` (evenly when they sum to 0): a batch's time over its rows."""
-    s = sum(weights)
-    return [total * w / s if s else total / len(weights) for w in weights]
-
-
-def make_record(row: Row, result, i: int, wall: float, plain: tuple[float, int] | None = None) -> dict:
-    """The record of row ``i`` of a ``GenerateResult`` (its prompt: ``row``; its share of the batch's time:
-    ``wall``; with ``--compare``, ``plain`` = (its share of the plain run's time, its plain new tokens)). The
-    fields are listed in ``jaxspec generate --help``; ``choices`` is the entry Spec-Bench's ``speed.py`` reads."""
-    stats = result.stats
-    rs = stats.rows[i]
+def make_record(row: Row, result, gamma: int, plain: tuple[float, int] | None = None) -> dict:
+    """The record of one finished row: ``row`` its prompt, ``result`` its ``jaxspec.engine.RowResult`` (its
+    ``wall_time_s``: its share of the run's device time), ``gamma`` the run's γ; with ``--compare``, ``plain`` =
+    (its plain run's time share, its plain new tokens). The fields are listed in ``jaxspec generate --help``;
+    ``choices`` is the entry Spec-Bench's ``speed.py`` reads."""
+    rs = result.stats
     lengths = accept_lengths(rs.accept_hist)
-    text = result.texts[i]
+    text = result.text
+    wall = result.wall_time_s
     rec = {
         "id": row.id,
         "category": row.category,
         "prompt": row.prompt,
         "text": text,
-        "token_ids": result.tokens[i],
-        "finish_reason": result.finish_reasons[i],
+        "token_ids": result.tokens,
+        "finish_reason": result.finish_reason,
         "new_tokens": rs.generated_tokens,
         "wall_time": wall,
         "accept_lengths": lengths,
@@ -44,7 +39,7 @@ def make_record(row: Row, result, i: int, wall: float, plain: tuple[float, int] 
         "drafted": rs.drafted,
         "accepted": rs.accepted,
         "accept_hist": list(rs.accept_hist),
-        "gamma": stats.gamma,
+        "gamma": gamma,
     }
     if plain is not None:
         rec["plain_wall_time"], rec["plain_new_tokens"] = plain
