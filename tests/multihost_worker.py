@@ -17,7 +17,7 @@ def main():
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid)
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from helpers import SMALL_DRAFT, tiny_config
-    from multihost_prompts import PROMPTS
+    from multihost_prompts import PROMPTS, engine_requests
 
     import jaxspec
     from jaxspec.models import llama
@@ -29,6 +29,8 @@ def main():
     mesh = {"data": 2, "model": jax.device_count() // 2}
     greedy = jaxspec.generate(target, prompts, draft=draft, max_new_tokens=12, temperature=0.0, mesh=mesh)
     sampled = jaxspec.generate(target, prompts, draft=draft, max_new_tokens=12, temperature=1.0, seed=7, mesh=mesh)
+    engine = jaxspec.Engine(target, draft=draft, gamma=4, slots=2, mesh=mesh)
+    rows = {r.index: r.tokens for r in engine.run(engine_requests(prompts))}
     with open(out, "w") as f:
         json.dump(
             {
@@ -38,6 +40,7 @@ def main():
                 "mine": [mine.start, mine.stop],
                 "greedy": greedy.tokens,
                 "sampled": sampled.tokens,
+                "engine": [rows[i] for i in range(len(prompts))],
                 "alpha": greedy.stats.acceptance_rate,
             },
             f,

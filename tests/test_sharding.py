@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import count_compiles
 from jax.sharding import PartitionSpec as P
-from multihost_prompts import PROMPTS
+from multihost_prompts import PROMPTS, engine_requests
 
 import jaxspec
 from jaxspec import loop, sharding
@@ -202,9 +202,12 @@ def test_two_processes_match_one(tmp_path, target, small_draft):
     kw = dict(draft=small_draft, max_new_tokens=12)
     greedy = jaxspec.generate(target, prompts, temperature=0.0, **kw).tokens
     sampled = jaxspec.generate(target, prompts, temperature=1.0, seed=7, **kw).tokens
+    engine = jaxspec.Engine(target, draft=small_draft, gamma=4, slots=2)
+    rows = {r.index: r.tokens for r in engine.run(engine_requests(prompts))}
     for i, out in enumerate(outs):
         assert out["devices"] == 4 and out["local_devices"] == 2
         assert out["prompts"] == prompts
         assert out["mine"] == ([0, 3] if i == 0 else [3, 6])
         assert out["greedy"] == greedy
         assert out["sampled"] == sampled
+        assert out["engine"] == [rows[i] for i in range(len(prompts))]  # continuous batching across processes
