@@ -1,11 +1,16 @@
 """Prompt-lookup drafting: proposals against a brute-force reference, argument checks, and where it wins."""
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import count_compiles
+from helpers import VOCAB, count_compiles
 
 import jaxspec
-from jaxspec.drafters import PromptLookup
+from jaxspec.drafters import PromptLookup, Proposal
+from jaxspec.sampling import sample, warp
 
 
 def reference_propose(row: list[int], length: int, gamma: int, max_n: int, min_n: int) -> list[int]:
@@ -56,3 +61,51 @@ def test_lookup_beats_a_random_draft_on_repetitive_text(target, small_draft):
     assert lookup.tokens == jaxspec.generate(target, prompts, **kw).tokens
     assert lookup.stats.acceptance_rate > max(0.05, 10 * model.stats.acceptance_rate)
     assert lookup.stats.tokens_per_round > 1.3 > model.stats.tokens_per_round
+
+
+# --------------------------------------------------------------------------------------------- the protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class BigramDrafter(jaxspec.Drafter):
+    """A drafter written outside the package: samples each draft from a [V, V] table of bigram logits (its
+    weights, passed in traced as ``params``), warped like the target; no state."""
+
+    params: object = dataclasses.field(default=None, compare=False)
+    name: str = "bigram"
+
+    def draft(self, params, state, tokens, length, sampling, keys, vocab_size):
+        rows = jnp.arange(tokens.shape[0])
+        tok = tokens[rows, length - 1]
+        drafts, qs = [], []
+        for i in range(keys.shape[1]):
+            q = warp(params["table"][tok], sampling)
+            tok = jax.vmap(sample)(keys[:, i], q)
+            drafts.append(tok)
+            qs.append(q)
+        bad = jnp.zeros((tokens.shape[0],), bool)
+        return Proposal(jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1), state, bad)
+
+
+def test_a_new_drafter_plugs_in_without_touching_the_loop(target):
+    """A ``Drafter`` subclass defined here drives generate and the engine: greedy output equals plain decoding,
+    its drafts are accepted (its table holds the transitions of the plain output), and new weights do not
+    recompile."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, VOCAB, 5).tolist() for _ in range(3)]
+    kw = dict(max_new_tokens=12, temperature=0.0, gamma=3)
+    plain = jaxspec.generate(target, prompts, **kw).tokens
+    table = np.zeros((VOCAB, VOCAB), np.float32)
+    for p, out in zip(prompts, plain):
+        seq = p + out
+        table[seq[:-1], seq[1:]] = 10.0
+    drafter = BigramDrafter(params={"table": jnp.asarray(table)})
+    got = jaxspec.generate(target, prompts, draft=drafter, **kw)
+    assert got.tokens == plain
+    assert got.stats.acceptance_rate > 0.3
+    other = BigramDrafter(params={"table": jnp.asarray(np.zeros_like(table))})
+    with count_compiles() as counts:
+        again = jaxspec.generate(target, prompts, draft=other, **kw)
+    assert counts["compiles"] == 0 and again.tokens == got.tokens
+    engine = jaxspec.Engine(target, draft=drafter, gamma=3, slots=2, temperature=0.0, max_new_tokens=12)
+    assert {r.index: r.tokens for r in engine.run(prompts)} == dict(enumerate(got.tokens))
