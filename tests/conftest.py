@@ -1,10 +1,21 @@
 """Shared tiny models. Weights use a larger init std than training would, so logits are well separated
 (greedy comparisons are then about engine bookkeeping, not float ties)."""
 
+import os
+import tempfile
+
 import jax
 
 # Eight simulated CPU devices for the mesh tests (must precede any use of the backend; no effect elsewhere).
 jax.config.update("jax_num_cpu_devices", 8)
+
+# The xdist workers of one run share a fresh persistent compilation cache: a program that tests on both workers
+# compile (most test time is XLA compilation on CPU) is compiled once. New for every run, so nothing carries over.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _RUN:
+    jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(), f"jaxspec-tests-{_RUN}"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
