@@ -13,8 +13,10 @@ accepted drafts plus one corrected/bonus token, truncated at EOS, ``max_new_toke
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import os
 import time
 
 import jax
@@ -257,6 +259,24 @@ class Program:
             seconds = time.perf_counter() - start
             self._executables[key] = executable
         return executable(*args), seconds
+
+    def compile_all(self, calls) -> float:
+        """Compile the programs of ``calls`` (``(spec, *args)`` tuples) not compiled yet, on parallel threads (XLA
+        compiles without holding Python's lock, so on a machine with several cores this takes about as long as the
+        slowest one); returns the seconds it took. Later calls with those signatures compile nothing."""
+        todo = {}
+        for spec, *args in calls:
+            args = tuple(args)  # the pytree structure is part of the signature, as in __call__
+            key = (spec, _signature(args))
+            if key not in self._executables:
+                todo[key] = self.lower(spec, *args)  # tracing and lowering hold the lock: done here, in turn
+        if not todo:
+            return 0.0
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+            compiled = dict(zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())))
+        self._executables.update(compiled)
+        return time.perf_counter() - start
 
     def cache_size(self) -> int:
         """Number of compiled executables held."""

@@ -3,8 +3,10 @@ compiled generation loop, in seconds, and the ``Costs`` of a model pair built fr
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
+import os
 import statistics
 import time
 
@@ -23,18 +25,32 @@ def _step(apply_fn):
     return jax.jit(apply_fn, donate_argnums=3)
 
 
-def time_step(model, batch: int, cache_len: int, tokens: int, iters: int = 5) -> float:
-    """Median seconds of one jitted ``model.apply_fn`` call on ``tokens: [batch, tokens]`` at positions from
-    ``cache_len // 2`` into a fresh cache of ``cache_len`` (donated and threaded, as inside the loop), over
-    ``iters`` calls after a compile and a warm-up call."""
-    fn = _step(model.apply_fn)
+def _step_args(model, batch: int, cache_len: int, tokens: int) -> tuple:
     toks = jnp.zeros((batch, tokens), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32) + cache_len // 2, (batch, tokens))
-    cache = model.init_cache(batch, cache_len)
+    return model.params, toks, pos, model.init_cache(batch, cache_len)
+
+
+def compile_steps(steps) -> dict:
+    """``{(model, batch, cache_len, tokens): executable}`` for the jitted ``apply_fn`` calls ``time_step`` makes,
+    compiled on parallel threads (XLA compiles without holding Python's lock)."""
+    lowered = {s: _step(s[0].apply_fn).lower(*_step_args(*s)) for s in steps}
+    workers = max(1, min(len(lowered), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(lowered, pool.map(lambda lw: lw.compile(), lowered.values())))
+
+
+def time_step(model, batch: int, cache_len: int, tokens: int, iters: int = 5, executable=None) -> float:
+    """Median seconds of one jitted ``model.apply_fn`` call on ``tokens: [batch, tokens]`` at positions from
+    ``cache_len // 2`` into a fresh cache of ``cache_len`` (donated and threaded, as inside the loop), over
+    ``iters`` calls after a compile and a warm-up call (``executable``: that call already compiled, e.g. by
+    ``compile_steps``)."""
+    fn = executable or _step(model.apply_fn)
+    params, toks, pos, cache = _step_args(model, batch, cache_len, tokens)
     times = []
     for i in range(iters + 2):  # compile + warm-up
         start = time.perf_counter()
-        _, cache = jax.block_until_ready(fn(model.params, toks, pos, cache))
+        _, cache = jax.block_until_ready(fn(params, toks, pos, cache))
         if i >= 2:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -63,10 +79,23 @@ def time_rounds(
         seconds = time.perf_counter() - start
         return seconds, int(np.max(sharding.to_host(out.rounds)))
 
+    def limit_arg(spec, value: int):
+        if spec.mesh is None:
+            return jnp.int32(value)
+        return sharding.put(np.int32(value), NamedSharding(spec.mesh, P()))
+
+    # compile every candidate first, in parallel (the programs the calls below and the generation then reuse)
+    loop.rounds_program.compile_all(
+        [
+            (spec, target_params, draft_params if g > 0 else None, loop.timing_state(spec, batch, 1, greedy))
+            + (limit_arg(spec, 1), limit_arg(spec, np.iinfo(np.int32).max))
+            for g, spec in specs.items()
+        ]
+    )
     plan = {}
     for g, spec in specs.items():
         params = draft_params if g > 0 else None
-        once(spec, params, 1)  # compile and warm up
+        once(spec, params, 1)  # warm up
         one = once(spec, params, 1)[0]
         fits = max(1, (spec.cache_len - 2) // (spec.gamma + 1))
         plan[g] = (spec, params, min(fits, max(2, min(16, math.ceil(budget / max(one, 1e-6))))))
@@ -85,13 +114,22 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     are timed over min(64, cache_len / 2) prompt tokens. ``round_timer(gammas)``: seconds per in-loop round for
     each γ (γ = 0: the plain step), as ``generate`` builds it from ``time_rounds``; without it ``Costs.round`` is
     None (r(γ) = γc + v(γ))."""
-    step = time_step(target, batch, cache_len, 1)
-    v = {g: time_step(target, batch, cache_len, g + 1) / step for g in gammas}
     tokens = min(64, cache_len // 2)
-    target_prefill = time_step(target, batch, cache_len, tokens) / step
-    if hasattr(draft, "apply_fn"):
-        c = time_step(draft, batch, cache_len, 1) / step
-        prefill = time_step(draft, batch, cache_len, tokens) / step
+    has_model = hasattr(draft, "apply_fn")
+    steps = [(target, batch, cache_len, n) for n in {1, tokens, *(g + 1 for g in gammas)}]
+    if has_model:
+        steps += [(draft, batch, cache_len, 1), (draft, batch, cache_len, tokens)]
+    compiled = compile_steps(steps)
+
+    def timed(model, n):
+        return time_step(model, batch, cache_len, n, executable=compiled[(model, batch, cache_len, n)])
+
+    step = timed(target, 1)
+    v = {g: timed(target, g + 1) / step for g in gammas}
+    target_prefill = timed(target, tokens) / step
+    if has_model:
+        c = timed(draft, 1) / step
+        prefill = timed(draft, tokens) / step
     else:  # prompt lookup: no model
         c, prefill = 0.0, 0.0
     rounds = None
