@@ -141,6 +141,9 @@ class Engine:
       refill_at: when requests are waiting, the decode loop hands back to the host once this many rows have
         finished (default: ``max(1, slots // 8)``); with none waiting it returns at each finished row, so results
         are yielded as soon as they exist.
+      schedule: the order waiting requests take free slots: ``"longest_first"`` (default: largest
+        ``max_new_tokens`` first, ties in arrival order, so long rows do not start last and leave the other slots
+        idle at the end of a job) or ``"fifo"`` (arrival order). Outputs do not depend on it.
     """
 
     def __init__(
@@ -163,11 +166,15 @@ class Engine:
         shard_draft: bool = True,
         policy=None,
         refill_at: int | None = None,
+        schedule: str = "longest_first",
     ):
         if not is_int(slots) or slots < 1:
             raise ValueError(f"slots must be an int >= 1, got {slots!r}")
         if refill_at is not None and (not is_int(refill_at) or refill_at < 1):
             raise ValueError(f"refill_at must be None or an int >= 1, got {refill_at!r}")
+        if schedule not in ("longest_first", "fifo"):
+            raise ValueError(f"schedule must be 'longest_first' or 'fifo', got {schedule!r}")
+        self.schedule = schedule
         self.target, self.draft = target, draft
         self.defaults = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         self.seed, self.eos_token_id = seed, eos_token_id
@@ -275,7 +282,10 @@ class EngineRun:
         engine, request, spec = self.engine, self.batch.request, self.spec
         tparams, dparams = inputs_lib.place_params(request.target, self.drafter, spec.mesh, request.shard_draft)
         n, width = request.num_rows, engine.slots
-        queue = collections.deque(range(n))
+        order = range(n)
+        if engine.schedule == "longest_first":  # stable: ties keep arrival order
+            order = sorted(order, key=lambda i: -int(request.max_new[i]))
+        queue = collections.deque(order)
         occupant = [-1] * width  # request index in each slot, -1 = free
         wall = np.zeros(n)
         stats = self.stats

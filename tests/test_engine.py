@@ -76,7 +76,8 @@ def test_sampled_mixed_rows_equal_generate_alone(target, perturbed_draft):
 def test_default_seed_is_generate_over_all_requests(target, perturbed_draft):
     """Without per-request seeds, request i draws as row i of one ``generate`` call over all of them."""
     reqs = requests_of(6, seed=2)
-    got = {r.index: r for r in Engine(target, draft=perturbed_draft, gamma=GAMMA, slots=2, max_length=S).run(reqs)}
+    engine = Engine(target, draft=perturbed_draft, gamma=GAMMA, slots=2, max_length=S, schedule="fifo")
+    got = {r.index: r for r in engine.run(reqs)}
     ref = jaxspec.generate(
         target,
         [r["prompt"] for r in reqs],
@@ -171,6 +172,8 @@ def test_bad_requests_fail_before_compiling(target):
                 engine.run(reqs)
         with pytest.raises(ValueError, match="slots must be an int >= 1"):
             Engine(target, slots=0)
+        with pytest.raises(ValueError, match="schedule must be 'longest_first' or 'fifo'"):
+            Engine(target, schedule="random")
         with pytest.raises(ValueError, match="temperature"):
             Engine(target, temperature=-1)
     assert counts["compiles"] == 0
