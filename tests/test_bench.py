@@ -229,3 +229,67 @@ def test_sweep_decomposes_speculative_time_against_plain():
     rows = [SimpleNamespace(rounds=7, generated_tokens=20), SimpleNamespace(rounds=9, generated_tokens=31)]
     stats = SimpleNamespace(rows=rows, wall_time_s=0.5, generated_tokens=51)
     assert record(stats, 0.1) == CallRecord(0.5, 0.1, passes=9, row_rounds=16, tokens=51, longest=31)
+
+
+def test_continuous_quick_end_to_end(tmp_path):
+    """``--quick --continuous`` at 4 slots (one slot count: the run is compile-bound, ~35 s per slot count): every
+    mode; occupancy in (0, 1] and straggler factor >= 1 (its inverse); greedy, so every continuous run generates
+    exactly the static runs' tokens (same outputs)."""
+    from jaxspec.bench.continuous import BASELINES, DEFAULT_MODES
+
+    out = tmp_path / "continuous.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxspec.bench", "--quick", "--continuous", "--slots", "4", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "continuous" and doc["temperatures"] == [0.0] and doc["pool"] == 8
+    assert set(BASELINES) <= set(doc["modes"]) and doc["modes"] == list(DEFAULT_MODES)
+    assert [b["slots"] for b in doc["blocks"]] == [4]
+    # mixed output lengths: each prompt has its own max_new_tokens in [max/8, max]
+    budgets = doc["max_new_per_prompt"]
+    assert len(budgets) == doc["pool"] and len(set(budgets)) > 1
+    assert all(doc["max_new_tokens"] // 8 <= m <= doc["max_new_tokens"] for m in budgets)
+    for block in doc["blocks"]:
+        modes = block["modes"]
+        assert set(modes) == set(doc["modes"])
+        static = modes["static-plain"]
+        assert 0 < static["tokens"] <= sum(budgets)
+        for name, m in modes.items():
+            assert m["tok_s"] > 0 and m["straggler"] >= 1.0 - 1e-9
+            assert 0.0 < m["occupancy"] <= 1.0 and m["occupancy"] == pytest.approx(1.0 / m["straggler"])
+            if name.startswith("cont-"):
+                assert m["tokens"] == static["tokens"] and m["same_outputs"] == 1.0
+                assert m["syncs_per_100"] >= m["refills_per_100"] > 0
+        first = block["first_calls"]
+        assert first["cont-plain"]["compile_s"] > 0 and first["cont-auto"]["setup_s"] > 0
+        sync = block["sync"]["cont-plain"]
+        assert sync["sync_ms"] > 0 and sync["round_ms"] > 0
+    assert "sync overhead" in proc.stdout and "summary" in proc.stdout
+
+
+def test_continuous_flags_and_pool():
+    from jaxspec.bench.__main__ import parse_args
+    from jaxspec.bench.continuous import mixed_lengths, pool_size
+
+    cont = parse_args(["--continuous"])
+    assert (cont.pair, cont.slots, cont.temperatures, cont.repeats, cont.max_new_tokens) == (
+        "shipped",
+        [1, 4, 16, 64],
+        [0.0],
+        2,
+        128,
+    )
+    assert pool_size(cont) == 256 and parse_args([]).temperatures == [0.0, 1.0]  # other modes keep theirs
+    smol = parse_args(["--continuous", "--pair", "smollm2", "--max-new-tokens", "32"])
+    assert (smol.slots, smol.pool, smol.max_new_tokens) == ([1, 4, 16], 32, 32)
+    quick = parse_args(["--quick", "--continuous", "--temperatures", "0,1"])
+    assert (quick.pair, quick.slots, quick.pool, quick.temperatures) == ("aligned", [1, 4], 8, [0.0, 1.0])
+    for bad in (["--continuous", "--continuous-modes", "cont-magic"], ["--pair", "smollm2"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    budgets = mixed_lengths(1000, 128, seed=0)
+    assert min(budgets) == 16 and max(budgets) == 128 and budgets == mixed_lengths(1000, 128, seed=0)

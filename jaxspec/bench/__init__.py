@@ -54,5 +54,9 @@ Layout (other modes, e.g. ``--mesh`` and ``--sweep``, are their own modules reus
   * ``compare``: plain vs speculative on one pair (``bench_pair``);
   * ``measure``: step, prefill, compile and memory measurements, ``generate`` runs, the in-loop breakdown;
   * ``bounds``: expected tokens per round, bounds A and B (pure functions);
-  * ``report``: text tables and the JSON document.
+  * ``report``: text tables and the JSON document;
+  * ``continuous``: ``--continuous``, static batches (``generate`` calls of B prompts) against the continuous-batching
+    engine (``jaxspec.Engine(slots=B)``) on one pool with mixed output lengths: plain, fixed γ, auto (and prompt
+    lookup) per slot count, with straggler factor / occupancy, auto's first-call cost and the per-sync host overhead
+    (``--pair shipped`` or ``smollm2``; ``--slots``, ``--pool``, ``--continuous-modes``, ``--auto-gammas``).
 """

@@ -46,6 +46,12 @@ def _humaneval_mode(args):
     return humaneval.run(args)
 
 
+def _continuous_mode(args):
+    from jaxspec.bench import continuous
+
+    return continuous.run(args)
+
+
 MODES = {
     "single": single.run,
     "mesh": _mesh_mode,
@@ -53,6 +59,7 @@ MODES = {
     "sweep": _sweep_mode,
     "lookup": _lookup_mode,
     "humaneval": _humaneval_mode,
+    "continuous": _continuous_mode,
 }
 
 # --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
@@ -68,6 +75,13 @@ QUICK = dict(
     breakdown_repeats=0,
 )
 
+# --continuous: greedy, 2 timed passes, the shipped pair; with --quick also slots 1,4 and a pool of 8; with
+# --pair smollm2 (each target step ~55 ms on a 2-core CPU) slots 1,4,16, a pool of 32, 64 new tokens at most.
+CONTINUOUS = dict(pair="shipped", temperatures=[0.0], repeats=2)
+CONTINUOUS_QUICK = dict(slots=[1, 4], pool=8)
+CONTINUOUS_SMOLLM2 = dict(slots=[1, 4, 16], pool=32, max_new_tokens=64)
+CONTINUOUS_PAIRS = ("shipped", "smollm2", *PAIRS)
+
 
 def _floats(s: str) -> list[float]:
     return [float(x) for x in s.split(",")]
@@ -82,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(mode="single")
-    p.add_argument("--pair", choices=[*PAIRS, "both"], default="both")
+    p.add_argument(
+        "--pair",
+        choices=[*PAIRS, "both", "shipped", "smollm2"],
+        default="both",
+        help="random/aligned/both: the synthetic pairs; --continuous: shipped (default), smollm2 or a synthetic one",
+    )
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=16)
@@ -172,6 +191,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="sweep batch sizes, comma-separated (default 1,4,16,64)",
     )
     p.add_argument("--plot", metavar="PNG", help="sweep: write the plot here")
+    c = p.add_argument_group("continuous mode")
+    c.add_argument(
+        "--continuous",
+        dest="mode",
+        action="store_const",
+        const="continuous",
+        help="static batches (generate calls of B prompts) vs the continuous-batching engine (Engine(slots=B)) on "
+        "one pool of prompts with mixed output lengths; greedy and 2 timed passes unless given",
+    )
+    c.add_argument(
+        "--slots",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 4, 16, 64],
+        help="--continuous: slot counts B, comma-separated (default 1,4,16,64; smollm2 1,4,16)",
+    )
+    c.add_argument(
+        "--pool", type=int, help="--continuous: prompts in the pool (default max(4 x largest B, 64); smollm2 32)"
+    )
+    c.add_argument(
+        "--continuous-modes",
+        type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
+        help="--continuous: modes to interleave, from static-plain,static-fixed,cont-plain,cont-fixed,cont-auto,"
+        "cont-lookup (default all but cont-lookup; the two plain modes always run)",
+    )
+    c.add_argument(
+        "--auto-gammas",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="--continuous: cont-auto's candidate γ (default the policy's 1,2,4,6; with --quick --gamma alone)",
+    )
     m = p.add_argument_group("mesh mode")
     m.add_argument(
         "--mesh",
@@ -186,14 +234,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Parse ``argv`` (default ``sys.argv[1:]``). ``--quick`` swaps in the ``QUICK`` defaults (explicit flags keep
-    their values) and ``--mesh`` selects the mesh mode. Exits with a usage error (``SystemExit``) for ``--gamma``
-    below 1 or an unknown ``--humaneval-modes`` entry."""
+    """Parse ``argv`` (default ``sys.argv[1:]``). ``--quick`` swaps in the ``QUICK`` defaults and ``--continuous``
+    the ``CONTINUOUS`` ones (with ``--quick`` also ``CONTINUOUS_QUICK``; with ``--pair smollm2``
+    ``CONTINUOUS_SMOLLM2``); explicit flags keep their values. ``--mesh`` selects the mesh mode. Exits with a usage
+    error (``SystemExit``) for ``--gamma`` below 1, an unknown ``--humaneval-modes`` or ``--continuous-modes``
+    entry, or a ``--pair`` that the mode does not take."""
     p = build_parser()
     args = p.parse_args(argv)
+    defaults = dict(CONTINUOUS) if args.mode == "continuous" else {}
     if args.quick:  # tiny defaults; flags given explicitly keep their values
-        p.set_defaults(**QUICK)
+        defaults.update(QUICK, **(CONTINUOUS_QUICK if args.mode == "continuous" else {}))
+    if defaults:
+        p.set_defaults(**defaults)
         args = p.parse_args(argv)
+    if args.mode == "continuous" and args.pair == "smollm2":
+        p.set_defaults(**CONTINUOUS_SMOLLM2)
+        args = p.parse_args(argv)
+    if args.mode == "continuous":
+        from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
+
+        if args.pair not in CONTINUOUS_PAIRS:
+            p.error(f"--continuous: --pair must be one of {','.join(CONTINUOUS_PAIRS)}, got {args.pair}")
+        bad = set(args.continuous_modes or ()) - set(CONTINUOUS_MODES)
+        if bad:
+            p.error(f"--continuous-modes: unknown {sorted(bad)}; choose from {','.join(CONTINUOUS_MODES)}")
+        if not args.slots or min(args.slots) < 1 or (args.pool is not None and args.pool < 1):
+            p.error("--slots and --pool must be >= 1")
+    elif args.pair in ("shipped", "smollm2"):
+        p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
     if args.gamma < 1:
         p.error("--gamma must be >= 1")
     bad = set(args.humaneval_modes) - {"plain", "fixed", "auto", "lookup"}
