@@ -216,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
         "cont-lookup (default all but cont-lookup; the two plain modes always run)",
     )
     c.add_argument(
+        "--schedule",
+        choices=["longest_first", "fifo"],
+        default="longest_first",
+        help="--continuous: the engine's order of waiting requests (default longest_first)",
+    )
+    c.add_argument(
         "--auto-gammas",
         type=lambda s: [int(x) for x in s.split(",")],
         help="--continuous: cont-auto's candidate γ (default the policy's 1,2,4,6; with --quick --gamma alone)",

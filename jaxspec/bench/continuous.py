@@ -264,11 +264,13 @@ def _labels(gamma: int) -> dict:
     }
 
 
-def _runners(w: Workload, modes, gamma: int, slots: int, temp: float, auto_gammas=None) -> dict:
+def _runners(
+    w: Workload, modes, gamma: int, slots: int, temp: float, auto_gammas=None, schedule="longest_first"
+) -> dict:
     """Mode -> a function running one pass, or with ``warm_up=True`` what compiles its programs (static: one call
     per shape; continuous: a whole pass); ``cont-auto`` gets a fresh ``AutoGamma`` (candidates ``auto_gammas``,
-    default the policy's)."""
-    kw = dict(slots=slots, max_length=w.cache_len, temperature=temp, eos_token_id=w.eos)
+    default the policy's); the engines take requests in ``schedule`` order."""
+    kw = dict(slots=slots, max_length=w.cache_len, temperature=temp, eos_token_id=w.eos, schedule=schedule)
     engines = {
         "cont-plain": dict(draft=None),
         "cont-fixed": dict(draft=w.draft, gamma=gamma),
@@ -367,10 +369,10 @@ def _row_line(slots: int, label: str, f: dict) -> str:
 
 def bench_slots(w: Workload, args, modes, slots: int, temp: float) -> dict:
     """First calls, warm-up and timed passes at one slot count; prints its table rows; returns its block."""
-    runners = _runners(w, modes, args.gamma, slots, temp, auto_gammas(args))
+    runners = _runners(w, modes, args.gamma, slots, temp, auto_gammas(args), getattr(args, "schedule", "longest_first"))
     labels = _labels(args.gamma)
     firsts = {}
-    for m in ("cont-plain", "cont-auto"):  # cold first calls (auto's calibration then compiles plain's loop again)
+    for m in ("cont-plain", "cont-auto"):  # cold first calls (auto: its calibration and the one loop it chose)
         if m in runners:
             cold()
             firsts[m] = runners[m]()
@@ -442,7 +444,7 @@ def run(args) -> dict:
         f"continuous: {w.description}; {len(w.prompts)} prompts ({min(lengths)}-{max(lengths)} tokens), "
         f"max_new_tokens {min(w.max_new)}-{max(w.max_new)} per prompt ({sum(w.max_new)} in all), EOS {w.eos}, "
         f"cache {w.cache_len}; γ={args.gamma}, auto's candidates {auto_gammas(args) or AutoGamma().gammas}; slots "
-        f"{args.slots}; {args.repeats} timed passes, modes {modes}",
+        f"{args.slots}; {args.repeats} timed passes, modes {modes}; schedule {getattr(args, 'schedule', None)}",
         flush=True,
     )
     doc = {
@@ -459,6 +461,7 @@ def run(args) -> dict:
         "repeats": args.repeats,
         "auto_gammas": list(auto_gammas(args) or AutoGamma().gammas),
         "slots": args.slots,
+        "schedule": getattr(args, "schedule", "longest_first"),
         "temperatures": args.temperatures,
         "modes": modes,
         "blocks": [],
