@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxspec import inputs as inputs_lib
 from jaxspec import loop, results, sharding, slots
-from jaxspec.generate import choose_gamma
+from jaxspec.generate import choose_gamma, mesh_key
 from jaxspec.model import CausalLM
 from jaxspec.request import Request, is_int, make_request, tokenize
 from jaxspec.results import FINISH_REASONS, RowStats
@@ -74,7 +74,8 @@ class EngineStats:
       slots: the compiled batch B. gamma: draft tokens per round (0: plain). cache_length: S.
       rows: requests finished. generated_tokens: their tokens.
       rounds: loop iterations (batched target passes); row_rounds: the rows' rounds summed.
-      wall_time_s: device time (prefill + decode, compilation excluded); prefill_time_s: its prefill part.
+      wall_time_s: device time (prefill + decode, compilation excluded); prefill_time_s and decode_time_s: its
+        prefill and decode parts.
       compile_time_s: compilation during the run (0 when every program was compiled before).
       refills: prefill-and-insert calls; syncs: decode calls (each ends in one small host read).
       drafted, accepted: draft tokens proposed / accepted over every row.
@@ -90,6 +91,7 @@ class EngineStats:
     row_rounds: int = 0
     wall_time_s: float = 0.0
     prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
     compile_time_s: float = 0.0
     refills: int = 0
     syncs: int = 0
@@ -316,6 +318,7 @@ class EngineRun:
             elapsed = time.perf_counter() - start - seconds
             stats.wall_time_s += elapsed
             stats.compile_time_s += seconds
+            stats.decode_time_s += elapsed
             stats.syncs += 1
             stats.rounds += int(np.max(rounds - before))
             busy = [b for b in range(width) if occupant[b] >= 0]
@@ -424,11 +427,23 @@ class EngineRun:
         )
 
     def _observe(self, hists, row_stats) -> None:
-        """With ``gamma="auto"``, feed the acceptance seen back into the policy (not a straggler factor: refilled
-        slots do not wait for the slowest row)."""
-        if self.decision is None or not self.stats.drafted:
+        """With ``gamma="auto"``, feed the loop's round time and the acceptance seen back into the policy (not a
+        straggler factor: refilled slots do not wait for the slowest row)."""
+        if self.decision is None:
             return
-        request = self.batch.request
+        request, stats = self.batch.request, self.stats
+        self.policy.observe_rounds(
+            request.target,
+            request.drafter,
+            stats.slots,
+            stats.cache_length,
+            stats.gamma,
+            stats.decode_time_s,
+            stats.rounds,
+            mesh_key(self.spec.mesh, request.shard_draft),
+        )
+        if not stats.drafted:
+            return
         self.policy.observe(
             request.target,
             self.drafter,

@@ -58,19 +58,19 @@ def choose_gamma(
     is no drafter); ``decision`` and ``policy`` are set only with ``gamma="auto"``.
 
     With ``gamma="auto"`` the policy (``request.policy`` or ``jaxspec.policy.DEFAULT``) decides from measured
-    costs, timing the candidate loops on the call's placed weights the first time it sees these shapes (this
-    compiles them; the run then reuses the chosen one), and from the acceptance seen in earlier calls.
+    costs (standalone model steps timed the first time it sees these shapes, and the rounds of earlier calls'
+    loops; with ``AutoGamma(calibrate="loops")`` the candidate loops on the call's placed weights, which compiles
+    them) and from the acceptance seen in earlier calls.
     """
     if not request.auto:
         return (request.gamma if request.drafter is not None else 0), None, None
     policy = request.policy or policy_lib.DEFAULT
-    tparams, dparams = inputs_lib.place_params(request.target, request.draft, request.mesh, request.shard_draft)
 
     def round_timer(gammas) -> dict:
+        tparams, dparams = inputs_lib.place_params(request.target, request.draft, request.mesh, request.shard_draft)
         specs = {g: inputs_lib.loop_spec(request, shape.cache_len, g) for g in gammas}
         return policy_lib.time_rounds(specs, tparams, dparams, shape.batch, request.greedy)
 
-    mesh_key = None if request.mesh is None else (tuple(request.mesh.shape.items()), request.shard_draft)
     decision = policy.decide(
         request.target,
         request.drafter,
@@ -79,10 +79,15 @@ def choose_gamma(
         int(np.mean(request.max_new)),
         request.greedy,
         round_timer=round_timer,
-        mesh_key=mesh_key,
+        mesh_key=mesh_key(request.mesh, request.shard_draft),
         prompt_tokens=shape.prompt_len,
     )
     return decision.gamma, decision, policy
+
+
+def mesh_key(mesh, shard_draft: bool):
+    """How ``gamma="auto"``'s policy tells meshes apart in its cost caches (None without a mesh)."""
+    return None if mesh is None else (tuple(mesh.shape.items()), shard_draft)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +107,7 @@ class Prepared:
       policy: with ``gamma="auto"``, the ``AutoGamma`` that decided (it learns from the result); else None.
       draft: the drafter actually used (a ``CausalLM`` or ``PromptLookup``); None for plain decoding.
       target: the target model.
+      drafter: with ``gamma="auto"``, the drafter the policy decided for (also when it chose plain decoding).
     """
 
     spec: loop.LoopSpec
@@ -113,6 +119,7 @@ class Prepared:
     policy: policy_lib.AutoGamma | None = None
     draft: CausalLM | PromptLookup | None = None
     target: CausalLM | None = None
+    drafter: object = None
 
     def placed_params(self) -> tuple:
         """``(target_params, draft_params)`` placed as the loop takes them (``jaxspec.inputs.place_params``)."""
@@ -174,6 +181,7 @@ def prepare(
         policy=policy,
         draft=request.drafter if g > 0 else None,
         target=request.target,
+        drafter=request.drafter if decision is not None else None,
     )
 
 
@@ -183,11 +191,24 @@ def run(prep: Prepared) -> tuple[loop.State, float, float]:
     start = time.perf_counter()
     if prep.decision is None:
         state, compile_s = loop.generate_program(prep.spec, tparams, dparams, prep.inputs)
-    else:  # gamma="auto": the rounds program its cost measurement compiled, after a prefill
+    else:  # gamma="auto": a prefill, then the rounds program (timed apart: the policy learns its round cost)
         state, compile_s = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
+        state = jax.block_until_ready(state)
         limit = inputs_lib.replicated_scalar(prep.spec.mesh, np.iinfo(np.int32).max)
+        before = time.perf_counter()
         state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, limit, limit)
+        rounds = int(np.max(sharding.to_host(state.rounds)))
         compile_s += seconds
+        prep.policy.observe_rounds(
+            prep.target,
+            prep.drafter,
+            prep.inputs.prompt.shape[0],
+            prep.spec.cache_len,
+            prep.spec.gamma,
+            time.perf_counter() - before - seconds,
+            rounds,
+            mesh_key(prep.spec.mesh, prep.shard_draft),
+        )
     state = jax.block_until_ready(state)
     return state, time.perf_counter() - start - compile_s, compile_s
 

@@ -1,7 +1,7 @@
 """Continuous batching (``jaxspec.Engine``): every request's output equals ``generate`` on that prompt alone (same
 seed, same cache length), whatever slot it ran in and whenever it was inserted; refills after EOS, after
 ``max_new_tokens`` and at the cache end; no recompilation across refills or runs; a mesh run equals one device;
-bad requests fail before anything compiles."""
+bad requests fail before anything compiles; ``gamma="auto"`` compiles only the loop it runs."""
 
 import numpy as np
 import pytest
@@ -177,3 +177,25 @@ def test_bad_requests_fail_before_compiling(target):
         with pytest.raises(ValueError, match="temperature"):
             Engine(target, temperature=-1)
     assert counts["compiles"] == 0
+
+
+def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturbed_draft):
+    """gamma="auto" in the engine: the standalone-step calibration compiles no loop but the one the run uses
+    (calibrate="loops" would add the plain one), the rows are the target's greedy tokens, and the run's own
+    rounds and acceptance are fed back to the policy for the next run of these shapes."""
+    from jaxspec import loop
+
+    policy = jaxspec.policy.AutoGamma(gammas=(GAMMA,), margin=1.0)
+    policy.set_alpha(target, perturbed_draft, True, 0.97)
+    reqs = requests_of(7, seed=3)
+    loops = loop.rounds_program.cache_size()
+    kw = dict(slots=5, max_length=S, temperature=0.0)  # 5 slots: shapes no other test compiles
+    run = Engine(target, draft=perturbed_draft, gamma="auto", policy=policy, **kw).run(reqs)
+    got = {r.index: r.tokens for r in run}
+    assert run.stats.gamma == run.stats.policy["gamma"] == GAMMA
+    assert loop.rounds_program.cache_size() - loops == 1
+    assert got == {r.index: r.tokens for r in Engine(target, **kw).run(reqs)}
+    seen = policy.observed_rounds(target, perturbed_draft, 5, S)
+    assert set(seen) == {GAMMA} and seen[GAMMA] > 0
+    # set_alpha's 10 000 drafts aged by one decision (half-life 8 calls), plus the run's own
+    assert policy.alpha(target, perturbed_draft, True)[1] == round(10_000 * 0.5 ** (1 / 8) + run.stats.drafted)

@@ -116,15 +116,71 @@ def test_auto_argument_errors(target, small_draft):
     assert counts["compiles"] == 0
     with pytest.raises(ValueError, match="gammas must be ints"):
         AutoGamma(gammas=(0, 2))
+    with pytest.raises(ValueError, match="calibrate must be 'steps' or 'loops'"):
+        AutoGamma(calibrate="never")
+
+
+def test_round_costs_by_hand():
+    """r(γ) from standalone steps, corrected by rounds observed in earlier calls (seconds ÷ the 10 ms step)."""
+    from jaxspec.policy import round_costs
+
+    costs = Costs(c=0.1, v={1: 1.2, 2: 1.3, 4: 1.5}, prefill=0.0, step_s=0.01)
+    gammas = (1, 2, 4)
+    assert round_costs(costs, gammas) == pytest.approx({1: 1.3, 2: 1.5, 4: 1.9})  # γc + v(γ)
+    # γ = 2 ran at 18 ms a round (1.8 steps, 1.2× its prediction): γ = 2 as measured, the others scaled by 1.2
+    assert round_costs(costs, gammas, {2: 0.018}) == pytest.approx({1: 1.56, 2: 1.8, 4: 2.28})
+    # the plain loop ran at 9 ms a step: every round in units of that step
+    assert round_costs(costs, gammas, {0: 0.009, 2: 0.018}) == pytest.approx({1: 1.56 / 0.9, 2: 2.0, 4: 2.28 / 0.9})
+    # the nearest observed γ corrects: γ = 1 and 4 observed, γ = 2 scaled by γ = 1's factor (2.6 / 1.3)
+    near = round_costs(costs, gammas, {1: 0.026, 4: 0.019})
+    assert near == pytest.approx({1: 2.6, 2: 1.5 * 2.0, 4: 1.9})
+    # without the step's seconds nothing observed can be converted: the prediction stands
+    assert round_costs(Costs(c=0.1, v={2: 1.3}, prefill=0.0), (2,), {2: 0.5}) == pytest.approx({2: 1.5})
+
+
+def test_first_call_compiles_only_its_loop_and_later_calls_learn_its_rounds(target, small_draft):
+    """gamma="auto" (calibrate="steps", the default) times standalone model steps only: a first call compiles the
+    one loop it runs, and its r(γ) is γc + v(γ). The call's own loop is timed, so the next call of these shapes
+    takes r(γ) from it (and scales the others); a plain call then sets the unit. Outputs are the target's."""
+    from jaxspec import loop
+
+    policy = AutoGamma(gammas=(1, 3), margin=1.0)
+    policy.set_alpha(target, small_draft, True, 0.97)
+    prompts = [[5, 6, 7], [9, 2]]
+    kw = dict(draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20, temperature=0.0)
+    loops = loop.rounds_program.cache_size()
+    first = jaxspec.generate(target, prompts, **kw)
+    p = first.stats.policy
+    assert loop.rounds_program.cache_size() - loops == 1 and first.stats.gamma == p["gamma"] > 0
+    costs = policy.costs(target, small_draft, 2, 64)
+    assert costs.round is None and costs.step_s > 0 and costs.sampling > 0
+    s = costs.sampling  # r(γ) = (γc + v(γ) + (2γ + 1) s) / (1 + s), standalone steps and one warp-and-draw
+    predicted = {x: (x * costs.c + costs.v[x] + (2 * x + 1) * s) / (1 + s) for x in (1, 3)}
+    assert p["round_cost"] == pytest.approx(predicted)
+    g, other = p["gamma"], 4 - p["gamma"]
+    seen = policy.observed_rounds(target, small_draft, 2, 64)
+    assert set(seen) == {g} and seen[g] > 0
+    second = jaxspec.generate(target, prompts, **kw).stats.policy
+    measured = seen[g] / (costs.step_s * (1 + s))
+    assert second["round_cost"][g] == pytest.approx(measured)
+    assert second["round_cost"][other] == pytest.approx(predicted[other] * measured / predicted[g])
+    policy.set_alpha(target, small_draft, True, 0.0)
+    plain = jaxspec.generate(target, prompts, **kw)
+    assert plain.stats.mode == "plain" and plain.tokens == first.tokens
+    assert jaxspec.generate(target, prompts, max_new_tokens=20, temperature=0.0).tokens == first.tokens
+    seen = policy.observed_rounds(target, small_draft, 2, 64)
+    assert set(seen) == {0, g}
+    third = jaxspec.generate(target, prompts, **kw).stats.policy  # in units of the plain loop's step now
+    assert third["round_cost"][g] == pytest.approx(seen[g] / seen[0])
 
 
 def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_draft):
-    """gamma="auto" times the candidate loops themselves (γ = 0 is the plain step); the call then runs the rounds
-    program that measurement compiled, and a second call of the same shapes compiles nothing. The output is the
-    target's, whatever γ was chosen."""
+    """calibrate="loops": gamma="auto" times the candidate loops themselves (γ = 0 is the plain step); the call
+    then runs the rounds program that measurement compiled, and a second call of the same shapes compiles
+    nothing. The output is the target's, whatever γ was chosen."""
     from jaxspec import loop
 
-    policy = AutoGamma(gammas=(1, 3))
+    policy = AutoGamma(gammas=(1, 3), calibrate="loops")
     prompts = [[5, 6, 7], [9, 2]]
     start = loop.rounds_program.cache_size()
     first = jaxspec.generate(
@@ -252,6 +308,8 @@ def test_estimates_forget_and_plain_decisions_probe_again(target, small_draft):
     assert all(d.gamma == 0 and not d.probe for d in decisions)
     with pytest.raises(ValueError, match="explore_after"):
         AutoGamma(explore_after=0)
+    with pytest.raises(ValueError, match="calibrate must be 'steps' or 'loops'"):
+        AutoGamma(calibrate="never")
     with pytest.raises(ValueError, match="half_life"):
         AutoGamma(half_life=0)
 

@@ -54,8 +54,8 @@ def test_mesh_tokens_match_single_device(target, small_draft, prompts, reference
 
 
 def test_auto_gamma_on_a_mesh(target, small_draft, prompts, reference):
-    """gamma="auto" on a 2x4 mesh times its candidate loops on the mesh (synthetic state placed by the loop's
-    shardings) and returns the single-device greedy tokens whichever γ it picks."""
+    """gamma="auto" on a 2x4 mesh returns the single-device greedy tokens whichever γ it picks, and learns the
+    round cost of the loop it ran on the mesh (kept apart from one device's)."""
     policy = jaxspec.policy.AutoGamma(gammas=(2,))
     res = jaxspec.generate(
         target,
@@ -70,6 +70,10 @@ def test_auto_gamma_on_a_mesh(target, small_draft, prompts, reference):
     )
     assert res.tokens == reference["greedy"].tokens
     assert res.stats.policy["round_cost"][2] > 0
+    batch, cache = res.stats.compiled_batch_size, res.stats.cache_length
+    key = ((("data", 2), ("model", 4)), True)
+    assert set(policy.observed_rounds(target, small_draft, batch, cache, key)) == {res.stats.gamma}
+    assert policy.observed_rounds(target, small_draft, batch, cache) == {}
 
 
 def test_sharded_draft_plain_decoding_and_stream(target, small_draft, prompts, reference):

@@ -1,6 +1,7 @@
 """Automatic γ (``generate(..., gamma="auto")``), in three modules:
 
-  * ``cost``: the pure cost model: ``Costs``, ``Decision``, ``expected_tokens``, ``expected_speedup``, ``GAMMAS``;
+  * ``cost``: the pure cost model: ``Costs``, ``Decision``, ``expected_tokens``, ``expected_speedup``, ``round_costs``,
+    ``GAMMAS``;
   * ``timing``: the measured inputs: ``time_step``, ``time_rounds``, ``measure_costs``;
   * ``auto``: the policy, ``AutoGamma``, with its running acceptance estimates.
 
@@ -8,7 +9,7 @@
 """
 
 from jaxspec.policy.auto import Acceptance, AutoGamma, BatchState
-from jaxspec.policy.cost import GAMMAS, Costs, Decision, expected_speedup, expected_tokens
+from jaxspec.policy.cost import GAMMAS, Costs, Decision, expected_speedup, expected_tokens, round_costs
 from jaxspec.policy.timing import measure_costs, time_rounds, time_step
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "expected_speedup",
     "expected_tokens",
     "measure_costs",
+    "round_costs",
     "time_rounds",
     "time_step",
 ]

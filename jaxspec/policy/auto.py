@@ -3,7 +3,11 @@ plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.1
 
 ``AutoGamma`` keeps, per model pair:
 
-  * the measured ``Costs`` per (batch bucket, cache bucket, mesh), timed once (``jaxspec.policy.timing``);
+  * the measured ``Costs`` per (batch bucket, cache bucket, mesh), timed once from standalone model steps
+    (``jaxspec.policy.timing``; with ``calibrate="loops"``, every candidate loop is compiled and timed too);
+  * per (batch bucket, cache bucket, mesh) and γ, the seconds per round that the calls' own loops took
+    (``observe_rounds``), from which r(γ) is taken once a call has run that γ (``cost.round_costs``). So a first
+    call compiles no loop but the one it runs;
   * per greedy/sampled mode, an ``Acceptance``: acceptance by draft position, a_i = P(draft i accepted | drafts
     1..i−1 accepted), counted from the accept-length histograms of earlier calls with a Beta prior of
     ``prior_alpha`` weighing ``prior_drafts`` drafts (a position never reached yet borrows the estimate of the
@@ -27,7 +31,15 @@ import dataclasses
 import jax
 
 from jaxspec.policy import timing
-from jaxspec.policy.cost import GAMMAS, Costs, Decision, expected_speedup, expected_tokens, position_counts
+from jaxspec.policy.cost import (
+    GAMMAS,
+    Costs,
+    Decision,
+    expected_speedup,
+    expected_tokens,
+    position_counts,
+    round_costs,
+)
 
 
 @dataclasses.dataclass
@@ -119,6 +131,9 @@ class AutoGamma:
       margin: the least expected speed-up worth speculating for.
       half_life: calls after which the acceptance counts weigh half (None: never forget).
       explore_after: plain decisions in a row before the first probe (None: never probe).
+      calibrate: ``"steps"`` (default): the first call of a shape times standalone model steps only (a few small
+        programs) and rounds are learned from the calls themselves; ``"loops"``: it also compiles and times every
+        candidate loop (more exact first decisions, at several loop compiles).
     """
 
     def __init__(
@@ -129,6 +144,7 @@ class AutoGamma:
         margin: float = 1.1,
         half_life: float | None = 8.0,
         explore_after: int | None = 8,
+        calibrate: str = "steps",
     ):
         if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
             raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
@@ -136,21 +152,42 @@ class AutoGamma:
             raise ValueError(f"half_life must be None (never forget) or > 0 calls, got {half_life!r}")
         if explore_after is not None and (not isinstance(explore_after, int) or explore_after < 1):
             raise ValueError(f"explore_after must be None (never probe) or an int >= 1, got {explore_after!r}")
+        if calibrate not in ("steps", "loops"):
+            raise ValueError(f"calibrate must be 'steps' or 'loops', got {calibrate!r}")
+        self.calibrate = calibrate
         self.gammas = tuple(sorted(set(gammas)))
         self.prior_alpha, self.prior_drafts, self.margin = prior_alpha, prior_drafts, margin
         self.half_life, self.explore_after = half_life, explore_after
         self._costs: dict[tuple, Costs] = {}  # (target, draft, batch, cache_len, mesh_key) -> Costs
         self._acceptance: dict[tuple, Acceptance] = {}  # (target, draft, greedy) -> counts
         self._batches: dict[tuple, BatchState] = {}  # (target, draft, greedy, batch) -> straggling, plain streak
+        self._rounds: dict[tuple, dict] = {}  # costs key -> {γ: [seconds, rounds]} of the calls' own loops
 
     def costs(self, target, draft, batch: int, cache_len: int, round_timer=None, mesh_key=None) -> Costs:
         """Measured once per key and cached (``timing.measure_costs``). ``round_timer(gammas)``: seconds per in-loop
-        round for each γ (γ = 0: the plain step), as ``generate`` builds it; without it r(γ) is γc + v(γ) from the
-        standalone calls."""
+        round for each γ (γ = 0: the plain step), as ``generate`` builds it; used with ``calibrate="loops"``
+        only."""
         key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
         if key not in self._costs:
-            self._costs[key] = timing.measure_costs(target, draft, batch, cache_len, self.gammas, round_timer)
+            timer = round_timer if self.calibrate == "loops" else None
+            self._costs[key] = timing.measure_costs(target, draft, batch, cache_len, self.gammas, timer)
         return self._costs[key]
+
+    def observe_rounds(
+        self, target, draft, batch: int, cache_len: int, gamma: int, seconds: float, rounds: int, mesh_key=None
+    ) -> None:
+        """Record that a call's loop of ``gamma`` (0: plain) ran ``rounds`` rounds in ``seconds`` (device time,
+        compilation and prefill excluded) at these shapes; later decisions take r(γ) from it."""
+        if rounds > 0 and seconds > 0:
+            key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+            total = self._rounds.setdefault(key, {}).setdefault(int(gamma), [0.0, 0])
+            total[0] += seconds
+            total[1] += rounds
+
+    def observed_rounds(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> dict:
+        """γ -> mean seconds per round of the calls' own loops at these shapes (``observe_rounds``)."""
+        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        return {g: s / n for g, (s, n) in self._rounds.get(key, {}).items()}
 
     def set_costs(self, target, draft, batch: int, cache_len: int, costs: Costs, mesh_key=None) -> None:
         """Use ``costs`` instead of measuring them (tests, or figures measured elsewhere)."""
@@ -233,7 +270,8 @@ class AutoGamma:
         target_prefill, draft_prefill = costs.prefills(prompt_tokens)
         alpha, seen = self.alpha(target, draft, greedy)
         positions = self.position_acceptance(target, draft, greedy)
-        round_costs = {g: costs.round_cost(g) for g in self.gammas}
+        observed = self.observed_rounds(target, draft, batch, cache_len, mesh_key)
+        rounds = round_costs(costs, self.gammas, observed)
         straggler = self.straggler(target, draft, greedy, batch)
 
         def speedups(acceptance):
@@ -245,7 +283,7 @@ class AutoGamma:
                     costs.v[g],
                     new_tokens,
                     draft_prefill,
-                    round_costs[g],
+                    rounds[g],
                     straggler,
                     target_prefill,
                 )
@@ -286,7 +324,7 @@ class AutoGamma:
             taus,
             costs.c,
             dict(costs.v),
-            round_costs,
+            rounds,
             straggler,
             gains,
             reason,

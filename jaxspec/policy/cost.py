@@ -3,13 +3,15 @@ plain decoding (pure Python, no JAX; the timings it needs come from ``jaxspec.po
 
 Costs are in units of one plain decoding step at the call's batch size and cache length:
 
-    r(γ)   = one speculative round ÷ one plain step, both timed inside the compiled generation loop (the loop's
-             own programs on a synthetic state): the draft steps, warping and sampling over the vocabulary, the
-             verify pass over γ+1 tokens, the rejection sampler and the bookkeeping of a round
+    r(γ)   = one speculative round ÷ one plain step of the compiled generation loop: the draft steps, warping and
+             sampling over the vocabulary, the verify pass over γ+1 tokens, the rejection sampler and the
+             bookkeeping of a round. Before a call has run γ it is estimated from standalone steps as
+             (γc + v(γ) + (2γ+1)s) ÷ (1 + s), s = one warp-and-draw over the vocabulary ÷ target step, corrected
+             by what earlier calls of other γ measured (``round_costs``); once a call has run γ, what that call
+             measured. (``AutoGamma(calibrate="loops")`` times every candidate loop up front instead.)
     c      = draft step ÷ target step                          (standalone model calls; reported)
     v(γ)   = target pass over γ+1 tokens ÷ target step         (standalone; ~1 when memory-bound, up to γ+1 when
-                                                                 compute-bound); r(γ) = γc + v(γ) when the
-                                                                 in-loop rounds are not timed
+                                                                 compute-bound)
     p, P   = draft / target prefill ÷ target step             (standalone, timed over a few prompt tokens and
                                                                  scaled linearly to the call's padded prompt)
 
@@ -51,6 +53,10 @@ class Costs:
       round: γ -> an in-loop speculative round ÷ an in-loop plain step; None: ``γc + v(γ)`` is used.
       target_prefill: the target's prefill ÷ target step, for ``prefill_tokens`` prompt tokens.
       prefill_tokens: the prompt length both prefills were timed at (0: ``prefill`` is per call, unscaled).
+      step_s: the standalone target step in seconds (0: unknown); the unit in which rounds observed in real calls
+        are converted (``round_costs``).
+      sampling: one warp-and-draw over the vocabulary for every row ÷ target step (0: not timed): a plain step
+        does one, a round of γ about 2γ + 1 (γ draft draws, γ + 1 verified positions).
     """
 
     c: float
@@ -59,6 +65,8 @@ class Costs:
     round: dict | None = None
     target_prefill: float = 0.0
     prefill_tokens: int = 0
+    step_s: float = 0.0
+    sampling: float = 0.0
 
     def prefills(self, prompt_tokens: int | None = None) -> tuple[float, float]:
         """(target, draft) prefill of a call in plain steps, scaled linearly to its (padded) prompt length; without
@@ -69,10 +77,39 @@ class Costs:
         return self.target_prefill * scale, self.prefill * scale
 
     def round_cost(self, gamma: int) -> float:
-        """r(γ): a round in plain steps, measured in the loop when it was, else ``γc + v(γ)``."""
+        """r(γ): a round in plain steps, measured in the loop when it was, else ``(γc + v(γ) + (2γ + 1) s) ÷
+        (1 + s)`` with s = ``sampling`` (γc + v(γ) when it was not timed)."""
         if self.round is not None and gamma in self.round:
             return self.round[gamma]
-        return gamma * self.c + self.v[gamma]
+        s = self.sampling
+        return (gamma * self.c + self.v[gamma] + (2 * gamma + 1) * s) / (1 + s)
+
+
+def round_costs(costs: Costs, gammas, observed=None) -> dict:
+    """r(γ) for each of ``gammas``, in plain steps, from the costs and from ``observed``: γ -> seconds per round
+    of the compiled loop, measured in earlier calls of the same shapes (γ = 0: plain decoding).
+
+    Each round is estimated in units of a plain step as ``Costs.round_cost`` predicts it (1 + s standalone
+    target steps, s = ``costs.sampling``): observed rounds as they were measured (seconds ÷ ``costs.step_s`` ÷
+    (1 + s)); a plain step unobserved as 1; a speculative round unobserved as ``costs.round_cost(γ)`` times the
+    correction measured at the nearest observed speculative γ (observed ÷ predicted: what the prediction leaves
+    out, such as the rejection sampler and the bookkeeping of a round), 1 before any. r(γ) is then a round's
+    estimate ÷ the plain step's. Without ``step_s`` the observations are not used."""
+    unit = costs.step_s * (1 + (0.0 if costs.round else costs.sampling))
+    seen = {g: s / unit for g, s in (observed or {}).items() if unit > 0 and s > 0}
+    spec = sorted(g for g in seen if g > 0)
+    plain = seen.get(0, 1.0)
+    out = {}
+    for g in gammas:
+        if g in seen:
+            out[g] = seen[g] / plain
+            continue
+        factor = 1.0
+        if spec:
+            near = min(spec, key=lambda s: (abs(s - g), s))
+            factor = seen[near] / costs.round_cost(near)
+        out[g] = costs.round_cost(g) * factor / plain
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +124,7 @@ class Decision:
       tau: γ -> expected tokens per round.
       c: draft step ÷ target step.
       v: γ -> verify pass over γ+1 tokens ÷ target step.
-      round_cost: γ -> a round in plain steps (measured in the loop, or γc + v).
+      round_cost: γ -> a round in plain steps (``round_costs``: observed in earlier calls, or γc + v corrected).
       straggler: rounds the batch needs ÷ the mean row's (learned; 1 at batch 1 and before any call).
       expected_speedup: γ -> expected speed-up over plain decoding.
       reason: why, in words.

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxspec import loop, sharding
+from jaxspec import loop, sampling, sharding
 from jaxspec.policy.cost import Costs
 
 
@@ -43,14 +43,39 @@ def compile_steps(steps) -> dict:
 def time_step(model, batch: int, cache_len: int, tokens: int, iters: int = 5, executable=None) -> float:
     """Median seconds of one jitted ``model.apply_fn`` call on ``tokens: [batch, tokens]`` at positions from
     ``cache_len // 2`` into a fresh cache of ``cache_len`` (donated and threaded, as inside the loop), over
-    ``iters`` calls after a compile and a warm-up call (``executable``: that call already compiled, e.g. by
-    ``compile_steps``)."""
+    ``iters`` calls after a warm-up call (and a compile unless ``executable``, that call already compiled, e.g.
+    by ``compile_steps``, is given)."""
     fn = executable or _step(model.apply_fn)
     params, toks, pos, cache = _step_args(model, batch, cache_len, tokens)
+    skip = 1 if executable is not None else 2  # warm-up (+ compile)
     times = []
-    for i in range(iters + 2):  # compile + warm-up
+    for i in range(iters + skip):
         start = time.perf_counter()
         _, cache = jax.block_until_ready(fn(params, toks, pos, cache))
+        if i >= skip:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@functools.cache
+def _draw():
+    def draw(logits, keys, params):
+        return jax.vmap(sampling.sample)(keys, sampling.warp(logits, params))
+
+    return jax.jit(draw)
+
+
+def time_sampling(batch: int, vocab: int, iters: int = 5) -> float:
+    """Median seconds of warping ``[batch, vocab]`` logits at temperature 1 and drawing one token per row (what a
+    round does besides the model passes, once per draft token and once per verified position), over ``iters``
+    calls after a compile and a warm-up call."""
+    logits = jax.random.normal(jax.random.key(0), (batch, vocab), jnp.float32)
+    keys = jax.random.split(jax.random.key(1), batch)
+    params = sampling.SamplingParams.create(1.0, batch=batch)
+    times = []
+    for i in range(iters + 2):
+        start = time.perf_counter()
+        jax.block_until_ready(_draw()(logits, keys, params))
         if i >= 2:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -108,32 +133,41 @@ def time_rounds(
     return {g: max(seconds - dispatch[g], 1e-3 * seconds) / max(rounds, 1) for g, (seconds, rounds) in runs.items()}
 
 
-def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer=None) -> Costs:
+def prefill_tokens(batch: int, cache_len: int) -> int:
+    """The prompt tokens the prefills are timed over: about 512 tokens in all (batch × tokens), between 8 and 64
+    per row and at most half the cache, so a large batch does not time long prefills for seconds."""
+    return max(1, min(64, max(8, 512 // batch), cache_len // 2))
+
+
+def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer=None, iters: int = 3) -> Costs:
     """The ``Costs`` of ``target`` and ``draft`` (a ``CausalLM``, or a drafter without a model such as prompt
-    lookup: c = p = 0) at ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``. The prefills
-    are timed over min(64, cache_len / 2) prompt tokens. ``round_timer(gammas)``: seconds per in-loop round for
-    each γ (γ = 0: the plain step), as ``generate`` builds it from ``time_rounds``; without it ``Costs.round`` is
-    None (r(γ) = γc + v(γ))."""
-    tokens = min(64, cache_len // 2)
+    lookup: c = p = 0) at ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``, from standalone
+    model steps (each compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1 tokens and
+    over ``prefill_tokens`` prompt tokens, the draft over 1 and the prompt tokens; and one warp-and-draw over the
+    target's vocabulary (``time_sampling``). ``round_timer(gammas)``: seconds
+    per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds it from ``time_rounds`` (this
+    compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it ``Costs.round`` is None."""
+    tokens = prefill_tokens(batch, cache_len)
     has_model = hasattr(draft, "apply_fn")
-    steps = [(target, batch, cache_len, n) for n in {1, tokens, *(g + 1 for g in gammas)}]
+    steps = [(target, batch, cache_len, n) for n in sorted({1, tokens, *(g + 1 for g in gammas)})]
     if has_model:
         steps += [(draft, batch, cache_len, 1), (draft, batch, cache_len, tokens)]
     compiled = compile_steps(steps)
 
     def timed(model, n):
-        return time_step(model, batch, cache_len, n, executable=compiled[(model, batch, cache_len, n)])
+        return time_step(model, batch, cache_len, n, iters=iters, executable=compiled[(model, batch, cache_len, n)])
 
-    step = timed(target, 1)
-    v = {g: timed(target, g + 1) / step for g in gammas}
-    target_prefill = timed(target, tokens) / step
+    step_s = timed(target, 1)
+    v = {g: timed(target, g + 1) / step_s for g in gammas}
+    target_prefill = timed(target, tokens) / step_s
     if has_model:
-        c = timed(draft, 1) / step
-        prefill = timed(draft, tokens) / step
+        c = timed(draft, 1) / step_s
+        prefill = timed(draft, tokens) / step_s
     else:  # prompt lookup: no model
         c, prefill = 0.0, 0.0
+    draw = time_sampling(batch, target.vocab_size, iters) / step_s
     rounds = None
     if round_timer is not None:
         seconds = round_timer((0, *gammas))
         rounds = {g: seconds[g] / seconds[0] for g in gammas}
-    return Costs(c, v, prefill, rounds, target_prefill, tokens)
+    return Costs(c, v, prefill, rounds, target_prefill, tokens, step_s, draw)
