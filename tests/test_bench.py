@@ -268,7 +268,11 @@ def test_continuous_quick_end_to_end(tmp_path):
         assert first["cont-plain"]["compile_s"] > 0 and first["cont-auto"]["setup_s"] > 0
         sync = block["sync"]["cont-plain"]
         assert sync["sync_ms"] > 0 and sync["round_ms"] > 0
-    assert "sync overhead" in proc.stdout and "summary" in proc.stdout
+        x, g = block["projection"], doc["gamma"]  # τ of the cont-fixed row, c and v measured at these slots
+        assert x["tau"] == modes["cont-fixed"]["tau"] and x["c"] > 0 and x["v"] > 0
+        assert x["here"] == pytest.approx(x["tau"] / (g * x["c"] + x["v"]))
+        assert x["accelerator"] == pytest.approx(x["tau"] / (g * x["c"] + 1))
+    assert "sync overhead" in proc.stdout and "projection on an accelerator" in proc.stdout and "summary" in proc.stdout
 
 
 def test_continuous_flags_and_pool():

@@ -185,7 +185,7 @@ def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturb
     rounds and acceptance are fed back to the policy for the next run of these shapes."""
     from jaxspec import loop
 
-    policy = jaxspec.policy.AutoGamma(gammas=(GAMMA,), margin=1.0)
+    policy = jaxspec.policy.AutoGamma(gammas=(GAMMA,), margin=0.0)  # speculate whatever this machine's timings
     policy.set_alpha(target, perturbed_draft, True, 0.97)
     reqs = requests_of(7, seed=3)
     loops = loop.rounds_program.cache_size()
