@@ -53,8 +53,8 @@ class Costs:
       round: γ -> an in-loop speculative round ÷ an in-loop plain step; None: ``γc + v(γ)`` is used.
       target_prefill: the target's prefill ÷ target step, for ``prefill_tokens`` prompt tokens.
       prefill_tokens: the prompt length both prefills were timed at (0: ``prefill`` is per call, unscaled).
-      step_s: the standalone target step in seconds (0: unknown); the unit in which rounds observed in real calls
-        are converted (``round_costs``).
+      step_s: the unit step in seconds (0: unknown), in which rounds observed in real calls are converted
+        (``round_costs``): the standalone target step, or with ``round`` (in-loop timings) the in-loop plain step.
       sampling: one warp-and-draw over the vocabulary for every row ÷ target step (0: not timed): a plain step
         does one, a round of γ about 2γ + 1 (γ draft draws, γ + 1 verified positions).
     """
@@ -94,7 +94,9 @@ def round_costs(costs: Costs, gammas, observed=None) -> dict:
     (1 + s)); a plain step unobserved as 1; a speculative round unobserved as ``costs.round_cost(γ)`` times the
     correction measured at the nearest observed speculative γ (observed ÷ predicted: what the prediction leaves
     out, such as the rejection sampler and the bookkeeping of a round), 1 before any. r(γ) is then a round's
-    estimate ÷ the plain step's. Without ``step_s`` the observations are not used."""
+    estimate ÷ the plain step's, and at least 1: a round's target pass alone costs a plain step, so a lower
+    figure is timing noise (say, a standalone step timed during a burst of load), which would otherwise make
+    speculation look free even at α = 0. Without ``step_s`` the observations are not used."""
     unit = costs.step_s * (1 + (0.0 if costs.round else costs.sampling))
     seen = {g: s / unit for g, s in (observed or {}).items() if unit > 0 and s > 0}
     spec = sorted(g for g in seen if g > 0)
@@ -109,7 +111,7 @@ def round_costs(costs: Costs, gammas, observed=None) -> dict:
             near = min(spec, key=lambda s: (abs(s - g), s))
             factor = seen[near] / costs.round_cost(near)
         out[g] = costs.round_cost(g) * factor / plain
-    return out
+    return {g: max(r, 1.0) for g, r in out.items()}
 
 
 @dataclasses.dataclass(frozen=True)

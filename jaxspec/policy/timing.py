@@ -166,8 +166,9 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     else:  # prompt lookup: no model
         c, prefill = 0.0, 0.0
     draw = time_sampling(batch, target.vocab_size, iters) / step_s
-    rounds = None
-    if round_timer is not None:
+    rounds, unit_s = None, step_s
+    if round_timer is not None:  # calibrate="loops": rounds observed later are in units of the in-loop plain step
         seconds = round_timer((0, *gammas))
         rounds = {g: seconds[g] / seconds[0] for g in gammas}
-    return Costs(c, v, prefill, rounds, target_prefill, tokens, step_s, draw)
+        unit_s = seconds[0]
+    return Costs(c, v, prefill, rounds, target_prefill, tokens, unit_s, draw)
