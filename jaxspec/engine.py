@@ -74,6 +74,8 @@ class EngineStats:
       slots: the compiled batch B. gamma: draft tokens per round (0: plain). cache_length: S.
       rows: requests finished. generated_tokens: their tokens.
       rounds: loop iterations (batched target passes); row_rounds: the rows' rounds summed.
+      queued_rounds, queued_row_rounds: the same, counted over the decode calls made while requests were still
+        waiting (every slot busy at their start): the job's steady state, its drain at the end excluded.
       wall_time_s: device time (prefill + decode, compilation excluded); prefill_time_s and decode_time_s: its
         prefill and decode parts.
       compile_time_s: compilation during the run (0 when every program was compiled before).
@@ -89,6 +91,8 @@ class EngineStats:
     generated_tokens: int = 0
     rounds: int = 0
     row_rounds: int = 0
+    queued_rounds: int = 0
+    queued_row_rounds: int = 0
     wall_time_s: float = 0.0
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
@@ -108,6 +112,13 @@ class EngineStats:
     def straggler_factor(self) -> float:
         """Rounds run ÷ rounds the rows needed if every slot were always busy: ``1 / occupancy``."""
         return 1.0 / self.occupancy if self.row_rounds else float("nan")
+
+    @property
+    def queued_straggler_factor(self) -> float:
+        """The straggler factor while requests were waiting: ``queued_rounds × slots / queued_row_rounds``. What the
+        refill policy controls; the rest of ``straggler_factor`` is the drain, when the queue is empty and the last
+        rows finish at different rounds (NaN when no decode call ran with requests waiting)."""
+        return self.queued_rounds * self.slots / self.queued_row_rounds if self.queued_row_rounds else float("nan")
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -141,7 +152,7 @@ class Engine:
       max_length: the cache length S of every slot (prompt + generated); None: bucketed from the longest request
         of each ``run``.
       refill_at: when requests are waiting, the decode loop hands back to the host once this many rows have
-        finished (default: ``max(1, slots // 8)``); with none waiting it returns at each finished row, so results
+        finished (default: ``max(1, slots // 32)``); with none waiting it returns at each finished row, so results
         are yielded as soon as they exist.
       schedule: the order waiting requests take free slots: ``"longest_first"`` (default: largest
         ``max_new_tokens`` first, ties in arrival order, so long rows do not start last and leave the other slots
@@ -195,7 +206,7 @@ class Engine:
         self.mesh = probe.mesh
         data = sharding.axis_size(self.mesh, "data")
         self.slots = -(-slots // data) * data
-        self.refill_at = refill_at or max(1, self.slots // 8)
+        self.refill_at = refill_at or max(1, self.slots // 32)
 
     def run(self, requests: Iterable) -> EngineRun:
         """Check and tokenize every request now (errors name ``requests[i]``; nothing compiles), and return the
@@ -320,8 +331,12 @@ class EngineRun:
             stats.compile_time_s += seconds
             stats.decode_time_s += elapsed
             stats.syncs += 1
-            stats.rounds += int(np.max(rounds - before))
             busy = [b for b in range(width) if occupant[b] >= 0]
+            progressed = rounds - before
+            stats.rounds += int(np.max(progressed))
+            if queue:  # requests waiting: every slot was busy when this call started
+                stats.queued_rounds += int(np.max(progressed))
+                stats.queued_row_rounds += int(progressed[busy].sum())
             grown = np.array([new_length[b] - length[b] for b in busy], np.float64)
             share = grown / grown.sum() if grown.sum() > 0 else np.full(len(busy), 1.0 / max(1, len(busy)))
             for b, s in zip(busy, share):

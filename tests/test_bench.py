@@ -264,6 +264,9 @@ def test_continuous_quick_end_to_end(tmp_path):
             if name.startswith("cont-"):
                 assert m["tokens"] == static["tokens"] and m["same_outputs"] == 1.0
                 assert m["syncs_per_100"] >= m["refills_per_100"] > 0
+                assert m["straggler_queued"] >= 1.0 - 1e-9  # 8 prompts on 4 slots: the first calls had a queue
+            else:
+                assert m["straggler_queued"] is None
         first = block["first_calls"]
         assert first["cont-plain"]["compile_s"] > 0 and first["cont-auto"]["setup_s"] > 0
         sync = block["sync"]["cont-plain"]

@@ -113,6 +113,30 @@ def test_refills_after_eos_length_and_cache_end(target, perturbed_draft):
         assert got[i].tokens == alone(target, perturbed_draft, req, temperature=0.0).tokens[0], i
 
 
+def test_queued_straggler_counts_only_rounds_while_requests_wait(target):
+    """Two slots, three requests, plain decoding: while the third waits, the loop runs until a row finishes
+    (``refill_at=1``), both slots busy every round, so the queued straggler factor is exactly 1 and its rounds are
+    the shorter first row's; with ``refill_at=2`` the loop waits for both rows, the shorter one's slot idles, and
+    the queued factor exceeds 1 by exactly that idle time. The drain after the queue empties is counted in
+    ``straggler_factor`` only."""
+    reqs = [dict(prompt=[1, 2, 3], max_new_tokens=12), dict(prompt=[4, 5], max_new_tokens=3)]
+    reqs.append(dict(prompt=[6, 7, 8, 9], max_new_tokens=4))
+    for refill_at in (1, 2):
+        engine = Engine(target, slots=2, max_length=S, temperature=0.0, refill_at=refill_at, schedule="fifo")
+        run = engine.run(reqs)
+        got = {r.index: r.stats.rounds for r in run}
+        s = run.stats
+        short, long_ = sorted((got[0], got[1]))
+        assert short < long_ and s.row_rounds == sum(got.values())
+        if refill_at == 1:
+            assert s.queued_rounds == short and s.queued_row_rounds == 2 * short
+            assert s.queued_straggler_factor == 1.0
+        else:
+            assert s.queued_rounds == long_ and s.queued_row_rounds == short + long_
+            assert s.queued_straggler_factor == pytest.approx(2 * long_ / (short + long_)) and long_ > short
+        assert s.rounds >= s.queued_rounds and s.straggler_factor >= 1.0
+
+
 def test_no_recompilation_across_refills_and_runs(target, perturbed_draft):
     """Refills compile once per (rows, prompt) bucket, not per refill; a later run whose requests differ only in
     values (prompt ids, seeds, temperature, top-k, top-p) compiles nothing."""

@@ -20,7 +20,8 @@ tokens ÷ device time, compilation excluded: for static the calls' ``stats.wall_
 ``run.stats.wall_time_s``), ratios to static plain and to continuous plain paired per pass (median over passes, as
 ``--sweep``), α, τ (tokens per row-round), straggler factor (slot-rounds run ÷ the rows' rounds: for static Σ over
 calls of the slowest row's rounds × the call's compiled batch (B) ÷ Σ row rounds; for continuous
-``run.stats.straggler_factor``) and slot occupancy (its inverse), refills and syncs per
+``run.stats.straggler_factor``), the continuous straggler factor while requests still waited (``queued``:
+``stats.queued_straggler_factor``, the job's drain excluded) and slot occupancy (its inverse), refills and syncs per
 100 rows, and the share of rows whose tokens equal the static counterpart's (greedy: static plain's).
 
 First calls: ``compile_s`` is ``stats.compile_time_s``; ``setup_s`` is what the first run took beyond its device
@@ -133,6 +134,8 @@ class Pass:
     row_rounds: int = 0
     rounds: int = 0  # loop iterations (batched target passes)
     slot_rounds: int = 0  # rounds × slots (static: × each call's compiled batch, B but for a shorter last call)
+    queued_slot_rounds: int = 0  # continuous: rounds × slots while requests waited (the drain excluded)
+    queued_row_rounds: int = 0
     refills: int | None = None
     syncs: int | None = None
     gammas: dict = dataclasses.field(default_factory=dict)  # γ run -> calls
@@ -208,6 +211,8 @@ def continuous_pass(w: Workload, engine) -> Pass:
         row_rounds=s.row_rounds,
         rounds=s.rounds,
         slot_rounds=s.rounds * s.slots,
+        queued_slot_rounds=s.queued_rounds * s.slots,
+        queued_row_rounds=s.queued_row_rounds,
         refills=s.refills,
         syncs=s.syncs,
         gammas={s.gamma: 1},
@@ -319,6 +324,10 @@ def figures(passes: list[Pass], base: dict, rows: int, ref: Pass | None) -> dict
         "tau": total("tokens") / total("row_rounds"),
         "straggler": straggler,
         "occupancy": 1.0 / straggler,
+        # continuous: the straggler factor while requests waited (what refilling controls; the rest is the drain)
+        "straggler_queued": (
+            total("queued_slot_rounds") / total("queued_row_rounds") if total("queued_row_rounds") else None
+        ),
         "refills_per_100": 100 * total("refills") / (rows * len(passes)) if continuous else None,
         "syncs_per_100": 100 * total("syncs") / (rows * len(passes)) if continuous else None,
         "rounds_per_sync": total("rounds") / total("syncs") if continuous else None,
@@ -353,7 +362,7 @@ def _fmt(x, spec: str, none: str = "-") -> str:
 
 HEADER = (
     f"{'slots':>5} | {'mode':<19} | {'tok/s':>7} | {'vs static':>9} | {'vs cont':>7} | {'α':>5} | {'τ':>5} | "
-    f"{'strag.':>6} | {'occup.':>6} | {'refills':>7} | {'syncs':>5} | {'same':>5}"
+    f"{'strag.':>6} | {'queued':>6} | {'occup.':>6} | {'refills':>7} | {'syncs':>5} | {'same':>5}"
 )
 
 
@@ -361,7 +370,8 @@ def _row_line(slots: int, label: str, f: dict) -> str:
     return (
         f"{slots:>5} | {label:<19} | {f['tok_s']:>7.1f} | {f['vs_static_plain']:>8.2f}× | "
         f"{f['vs_cont_plain']:>6.2f}× | "
-        f"{_fmt(f['alpha'], '.3f'):>5} | {f['tau']:>5.2f} | {f['straggler']:>6.2f} | {f['occupancy']:>6.3f} | "
+        f"{_fmt(f['alpha'], '.3f'):>5} | {f['tau']:>5.2f} | {f['straggler']:>6.2f} | "
+        f"{_fmt(f['straggler_queued'], '6.2f'):>6} | {f['occupancy']:>6.3f} | "
         f"{_fmt(f['refills_per_100'], '.1f'):>7} | {_fmt(f['syncs_per_100'], '.0f'):>5} | "
         f"{_fmt(f['same_outputs'], '.2f'):>5}"
     )
@@ -369,7 +379,7 @@ def _row_line(slots: int, label: str, f: dict) -> str:
 
 def bench_slots(w: Workload, args, modes, slots: int, temp: float) -> dict:
     """First calls, warm-up and timed passes at one slot count; prints its table rows; returns its block."""
-    runners = _runners(w, modes, args.gamma, slots, temp, auto_gammas(args), getattr(args, "schedule", "longest_first"))
+    runners = _runners(w, modes, args.gamma, slots, temp, auto_gammas(args), args.schedule)
     labels = _labels(args.gamma)
     firsts = {}
     for m in ("cont-plain", "cont-auto"):  # cold first calls (auto: its calibration and the one loop it chose)
@@ -470,7 +480,7 @@ def run(args) -> dict:
         f"continuous: {w.description}; {len(w.prompts)} prompts ({min(lengths)}-{max(lengths)} tokens), "
         f"max_new_tokens {min(w.max_new)}-{max(w.max_new)} per prompt ({sum(w.max_new)} in all), EOS {w.eos}, "
         f"cache {w.cache_len}; γ={args.gamma}, auto's candidates {auto_gammas(args) or AutoGamma().gammas}; slots "
-        f"{args.slots}; {args.repeats} timed passes, modes {modes}; schedule {getattr(args, 'schedule', None)}",
+        f"{args.slots}; {args.repeats} timed passes, modes {modes}; schedule {args.schedule}",
         flush=True,
     )
     doc = {
@@ -487,7 +497,7 @@ def run(args) -> dict:
         "repeats": args.repeats,
         "auto_gammas": list(auto_gammas(args) or AutoGamma().gammas),
         "slots": args.slots,
-        "schedule": getattr(args, "schedule", "longest_first"),
+        "schedule": args.schedule,
         "temperatures": args.temperatures,
         "modes": modes,
         "blocks": [],
