@@ -24,6 +24,18 @@ def test_expected_speedup_by_hand():
     assert expected_tokens([0.8] * 4, 4) == pytest.approx(3.3616)
 
 
+def test_verify_is_timed_at_every_other_candidate_and_interpolated_between():
+    from jaxspec.policy.timing import interpolate, verify_gammas
+
+    assert verify_gammas((6, 1, 4, 2)) == (1, 4, 6)  # sorted: 1, 2, 4, 6 -> every other from the first, and the last
+    assert verify_gammas((1, 2, 3, 4, 5, 6, 7, 8)) == (1, 3, 5, 7, 8)
+    assert verify_gammas((4,)) == (4,) and verify_gammas((2, 3)) == (2, 3)
+    # v(2) between v(1) = 1.1 and v(4) = 1.7: 1.1 + 0.6 * (2 - 1) / (4 - 1) = 1.3
+    got = interpolate({1: 1.1, 4: 1.7, 6: 1.9}, (1, 2, 4, 6))
+    assert got == pytest.approx({1: 1.1, 2: 1.3, 4: 1.7, 6: 1.9})
+    assert interpolate({1: 1.2, 3: 1.2}, (1, 2, 3)) == pytest.approx({1: 1.2, 2: 1.2, 3: 1.2})
+
+
 def test_position_estimates_come_from_accept_histograms(target, small_draft):
     policy = AutoGamma(gammas=(1, 2, 4), prior_alpha=0.5, prior_drafts=1)
     # 10 rounds at γ=4: 2 rejected at position 1, 3 stopped at 2, 0 at 3, 1 at 4, 4 accepted everything

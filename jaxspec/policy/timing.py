@@ -31,30 +31,53 @@ def _step_args(model, batch: int, cache_len: int, tokens: int) -> tuple:
     return model.params, toks, pos, model.init_cache(batch, cache_len)
 
 
-def compile_steps(steps) -> dict:
-    """``{(model, batch, cache_len, tokens): executable}`` for the jitted ``apply_fn`` calls ``time_step`` makes,
-    compiled on parallel threads (XLA compiles without holding Python's lock)."""
-    lowered = {s: _step(s[0].apply_fn).lower(*_step_args(*s)) for s in steps}
+def compile_all(lowered: dict) -> dict:
+    """``{key: executable}`` for ``{key: jax Lowered}``, compiled on parallel threads (XLA compiles without holding
+    Python's lock)."""
     workers = max(1, min(len(lowered), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         return dict(zip(lowered, pool.map(lambda lw: lw.compile(), lowered.values())))
 
 
-def time_step(model, batch: int, cache_len: int, tokens: int, iters: int = 5, executable=None) -> float:
+def lower_steps(steps) -> dict:
+    """``{(model, batch, cache_len, tokens): Lowered}`` for the jitted ``apply_fn`` calls ``time_step`` makes."""
+    return {s: _step(s[0].apply_fn).lower(*_step_args(*s)) for s in steps}
+
+
+def _timed_calls(call, iters: int, skip: int, budget_s: float) -> float:
+    """Median seconds of ``call()`` over ``iters`` calls after ``skip`` untimed ones; fewer (at least one) once the
+    timed calls add up to ``budget_s``: a long call (a prefill) is timed once or twice, a short one ``iters`` times.
+    With ``skip == 1`` (the program compiled before) a warm-up call that alone takes ``budget_s`` is the timing."""
+    first = 0.0
+    for _ in range(skip):
+        start = time.perf_counter()
+        call()
+        first = time.perf_counter() - start
+    if skip == 1 and first >= budget_s:  # compiled already and long: the warm-up call is the timing
+        return first
+    times = []
+    while len(times) < iters and (not times or sum(times) < budget_s):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_step(
+    model, batch: int, cache_len: int, tokens: int, iters: int = 5, executable=None, budget_s: float = math.inf
+) -> float:
     """Median seconds of one jitted ``model.apply_fn`` call on ``tokens: [batch, tokens]`` at positions from
     ``cache_len // 2`` into a fresh cache of ``cache_len`` (donated and threaded, as inside the loop), over
-    ``iters`` calls after a warm-up call (and a compile unless ``executable``, that call already compiled, e.g.
-    by ``compile_steps``, is given)."""
+    ``iters`` calls (fewer, at least one, once they add up to ``budget_s``) after a warm-up call (and a compile
+    unless ``executable``, that call already compiled, e.g. by ``compile_all(lower_steps(...))``, is given)."""
     fn = executable or _step(model.apply_fn)
     params, toks, pos, cache = _step_args(model, batch, cache_len, tokens)
-    skip = 1 if executable is not None else 2  # warm-up (+ compile)
-    times = []
-    for i in range(iters + skip):
-        start = time.perf_counter()
-        _, cache = jax.block_until_ready(fn(params, toks, pos, cache))
-        if i >= skip:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    state = [cache]
+
+    def call():
+        _, state[0] = jax.block_until_ready(fn(params, toks, pos, state[0]))
+
+    return _timed_calls(call, iters, 1 if executable is not None else 2, budget_s)  # warm-up (+ compile)
 
 
 @functools.cache
@@ -65,20 +88,24 @@ def _draw():
     return jax.jit(draw)
 
 
-def time_sampling(batch: int, vocab: int, iters: int = 5) -> float:
-    """Median seconds of warping ``[batch, vocab]`` logits at temperature 1 and drawing one token per row (what a
-    round does besides the model passes, once per draft token and once per verified position), over ``iters``
-    calls after a compile and a warm-up call."""
+def _draw_args(batch: int, vocab: int) -> tuple:
     logits = jax.random.normal(jax.random.key(0), (batch, vocab), jnp.float32)
     keys = jax.random.split(jax.random.key(1), batch)
-    params = sampling.SamplingParams.create(1.0, batch=batch)
-    times = []
-    for i in range(iters + 2):
-        start = time.perf_counter()
-        jax.block_until_ready(_draw()(logits, keys, params))
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return logits, keys, sampling.SamplingParams.create(1.0, batch=batch)
+
+
+def lower_sampling(batch: int, vocab: int):
+    """The ``Lowered`` warp-and-draw program ``time_sampling`` times (to compile it beside the steps)."""
+    return _draw().lower(*_draw_args(batch, vocab))
+
+
+def time_sampling(batch: int, vocab: int, iters: int = 5, executable=None) -> float:
+    """Median seconds of warping ``[batch, vocab]`` logits at temperature 1 and drawing one token per row (what a
+    round does besides the model passes, once per draft token and once per verified position), over ``iters``
+    calls after a warm-up call (and a compile unless ``executable``, from ``lower_sampling``, is given)."""
+    args = _draw_args(batch, vocab)
+    fn = executable or _draw()
+    return _timed_calls(lambda: jax.block_until_ready(fn(*args)), iters, 1 if executable is not None else 2, math.inf)
 
 
 def time_rounds(
@@ -133,6 +160,32 @@ def time_rounds(
     return {g: max(seconds - dispatch[g], 1e-3 * seconds) / max(rounds, 1) for g, (seconds, rounds) in runs.items()}
 
 
+STEP_BUDGET_S = 0.25  # measure_costs: a step is timed ``iters`` times, or fewer (at least once) past this many s
+
+
+def verify_gammas(gammas) -> tuple[int, ...]:
+    """The candidates whose verify pass ``measure_costs`` times (over γ+1 tokens): every other one of the sorted
+    ``gammas`` from the first, and the last; the others' v is ``interpolate``d (one compile fewer for (1, 2, 4, 6):
+    on the 2-core CPU v(3) interpolated from v(2) and v(5) was within 3 % of v(3) timed)."""
+    gammas = sorted(set(gammas))
+    return tuple(sorted({*gammas[::2], gammas[-1]}))
+
+
+def interpolate(measured: dict, gammas) -> dict:
+    """``{γ: v}`` for every γ of ``gammas`` within the measured ones' range: measured where timed, else linear in γ
+    between the nearest timed candidates on either side."""
+    known = sorted(measured)
+    out = {}
+    for g in gammas:
+        if g in measured:
+            out[g] = measured[g]
+            continue
+        lo = max(k for k in known if k < g)
+        hi = min(k for k in known if k > g)
+        out[g] = measured[lo] + (measured[hi] - measured[lo]) * (g - lo) / (hi - lo)
+    return out
+
+
 def prefill_tokens(batch: int, cache_len: int) -> int:
     """The prompt tokens the prefills are timed over: about 512 tokens in all (batch × tokens), between 8 and 64
     per row and at most half the cache, so a large batch does not time long prefills for seconds."""
@@ -142,30 +195,36 @@ def prefill_tokens(batch: int, cache_len: int) -> int:
 def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer=None, iters: int = 3) -> Costs:
     """The ``Costs`` of ``target`` and ``draft`` (a ``CausalLM``, or a drafter without a model such as prompt
     lookup: c = p = 0) at ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``, from standalone
-    model steps (each compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1 tokens and
+    model steps (each compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1 tokens (γ of
+    ``verify_gammas``; the others ``interpolate``d) and
     over ``prefill_tokens`` prompt tokens, the draft over 1 and the prompt tokens; and one warp-and-draw over the
     target's vocabulary (``time_sampling``). ``round_timer(gammas)``: seconds
     per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds it from ``time_rounds`` (this
     compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it ``Costs.round`` is None."""
     tokens = prefill_tokens(batch, cache_len)
     has_model = hasattr(draft, "apply_fn")
-    steps = [(target, batch, cache_len, n) for n in sorted({1, tokens, *(g + 1 for g in gammas)})]
+    gammas = tuple(sorted(set(gammas)))
+    timed_gammas = verify_gammas(gammas)
+    steps = [(target, batch, cache_len, n) for n in sorted({1, tokens, *(g + 1 for g in timed_gammas)})]
     if has_model:
         steps += [(draft, batch, cache_len, 1), (draft, batch, cache_len, tokens)]
-    compiled = compile_steps(steps)
+    lowered = lower_steps(steps)
+    lowered["draw"] = lower_sampling(batch, target.vocab_size)
+    compiled = compile_all(lowered)  # every program at once, on parallel threads
 
     def timed(model, n):
-        return time_step(model, batch, cache_len, n, iters=iters, executable=compiled[(model, batch, cache_len, n)])
+        exe = compiled[(model, batch, cache_len, n)]
+        return time_step(model, batch, cache_len, n, iters=iters, executable=exe, budget_s=STEP_BUDGET_S)
 
     step_s = timed(target, 1)
-    v = {g: timed(target, g + 1) / step_s for g in gammas}
+    v = interpolate({g: timed(target, g + 1) / step_s for g in timed_gammas}, gammas)
     target_prefill = timed(target, tokens) / step_s
     if has_model:
         c = timed(draft, 1) / step_s
         prefill = timed(draft, tokens) / step_s
     else:  # prompt lookup: no model
         c, prefill = 0.0, 0.0
-    draw = time_sampling(batch, target.vocab_size, iters) / step_s
+    draw = time_sampling(batch, target.vocab_size, iters, executable=compiled["draw"]) / step_s
     rounds, unit_s = None, step_s
     if round_timer is not None:  # calibrate="loops": rounds observed later are in units of the in-loop plain step
         seconds = round_timer((0, *gammas))
