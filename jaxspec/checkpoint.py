@@ -42,7 +42,7 @@ def save(model: CausalLM, directory: str | Path, *, storage_dtype: str | None = 
     except ValueError as err:
         raise ValueError(f"cannot save this model: {err}") from None
     directory.mkdir(parents=True, exist_ok=True)
-    params = model.params
+    params = families.stack_layers(model.params)  # checkpoints hold the stacked layout
     if storage_dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtypes.DTYPES[storage_dtype]), params)
     checkpointer = ocp.StandardCheckpointer()

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxspec import jsonl
+from jaxspec import families, jsonl
 from jaxspec.generate import generate
 from jaxspec.inputs import next_pow2
 from jaxspec.losses import LOSSES, divergence, weighted_mean
@@ -326,7 +326,8 @@ def distill(
     out_dir = Path(out_dir).resolve()
     step_fn = train_step_fn((target.apply_fn, target.init_cache), (draft.apply_fn, draft.init_cache), loss)
     schedule = jnp.asarray([learning_rate, warmup, steps], jnp.float32)
-    state = {"params": draft.params, "opt_state": optimizer(*schedule).init(draft.params), "loss": jnp.float32(jnp.nan)}
+    stacked = families.stack_layers(draft.params)  # trained stacked (nn.scan), returned in the draft's layout
+    state = {"params": stacked, "opt_state": optimizer(*schedule).init(stacked), "loss": jnp.float32(jnp.nan)}
     with Checkpoints(out_dir) as checkpoints, tqdm(total=steps, disable=not progress, desc=f"distill ({loss})") as bar:
         state, start = checkpoints.restore(state, name="out_dir", what="this draft")
         bar.update(min(start, steps))
@@ -359,7 +360,7 @@ def distill(
                 record = {"step": done, "loss": float(last), "tok_s": tok_s, "loss_kind": loss}
                 log.append(record)
                 append_jsonl(out_dir / LOG_FILE, record)
-    new_draft = draft.replace(params=params)
+    new_draft = draft.replace(params=families.layout_like(params, draft.params))
     alpha_after = measure_alpha(target, new_draft, held, gamma=gamma, max_new_tokens=max_new_tokens, seed=seed)
     return DistillResult(new_draft, alpha_before, alpha_after, max(start, steps), float(last), log)
 

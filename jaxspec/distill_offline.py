@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxspec import jsonl
+from jaxspec import families, jsonl
 from jaxspec.distill import LOG_FILE
 from jaxspec.losses import token_nll, weighted_mean
 from jaxspec.model import CausalLM
@@ -193,7 +193,7 @@ def draft_from_target(target: CausalLM, layers, *, vocab_ids=(), name: str = "dr
     if not layers or not all(0 <= i < cfg.num_layers for i in layers):
         raise ValueError(f"layers must be a non-empty list of layer indices in [0, {cfg.num_layers}), got {layers}")
     dcfg = dataclasses.replace(cfg, num_layers=len(layers), vocab_ids=tuple(vocab_ids))
-    params = jax.tree_util.tree_map(np.asarray, target.params)
+    params = jax.tree_util.tree_map(np.asarray, families.stack_layers(target.params))
     emb = params["embed"]["embedding"]
     head = None if cfg.tie_embeddings else params["lm_head"]["kernel"]
     if dcfg.vocab_ids:
@@ -318,9 +318,10 @@ def distill_offline(
         raise ValueError("offline distillation trains Llama-family drafts (draft.config must be a LlamaConfig)")
     step_fn = train_step_fn(draft.config)
     schedule = jnp.asarray([learning_rate, warmup, steps], jnp.float32)
+    stacked = families.stack_layers(draft.params)  # trained stacked (nn.scan), returned in the draft's layout
     state = {
-        "params": draft.params,
-        "opt_state": make_optimizer(*schedule).init(draft.params),
+        "params": stacked,
+        "opt_state": make_optimizer(*schedule).init(stacked),
         "loss": jnp.float32(jnp.nan),
     }
     log = []
@@ -349,4 +350,4 @@ def distill_offline(
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 log.append(record)
                 append_jsonl(out_dir / LOG_FILE, record)
-    return draft.replace(params=params), log
+    return draft.replace(params=families.layout_like(params, draft.params)), log

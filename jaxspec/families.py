@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from jaxspec.model import CausalLM
 
@@ -82,6 +83,44 @@ class Weight:
 def axes_table(weights: list[Weight]) -> dict[tuple[str, ...], tuple]:
     """``CausalLM.param_axes`` from a weight table: path (without a leading ``"layers"``) -> logical axes."""
     return {w.path[1:] if w.stacked else w.path: w.axes for w in weights}
+
+
+def split_layers(params):
+    """``params`` with its ``"layers"`` entry (every weight stacked over a leading ``[layers]`` axis) as a tuple of
+    per-layer trees, each weight in its own array: the layout a family's ``apply_fn`` decodes from when it supports
+    it (``models.llama``). A loop over stacked weights makes XLA slice each layer's weights out of the stack on
+    every step, which XLA:CPU does by copying them (``scripts/xla_cpu_step.py``). Other trees are returned as they
+    are. Values are sliced, not copied twice: the stacked arrays go once the caller drops them."""
+    layers = params.get("layers") if isinstance(params, dict) else None
+    if layers is None or isinstance(layers, tuple):
+        return params
+    count = jax.tree.leaves(layers)[0].shape[0]
+
+    def layer(a, i):  # abstract params (``jax.ShapeDtypeStruct``) split into abstract layers
+        return jax.ShapeDtypeStruct(a.shape[1:], a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a[i]
+
+    return {**params, "layers": tuple(jax.tree.map(lambda a, i=i: layer(a, i), layers) for i in range(count))}
+
+
+def stack_layers(params):
+    """The inverse of ``split_layers``: the per-layer trees stacked back into one tree over a leading ``[layers]``
+    axis (the layout of checkpoints, the weight tables, sharding rules and training); other trees as they are."""
+    layers = params.get("layers") if isinstance(params, dict) else None
+    if not isinstance(layers, tuple):
+        return params
+
+    def stack(*xs):
+        if isinstance(xs[0], jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype)
+        return jnp.stack(xs)
+
+    return {**params, "layers": jax.tree.map(stack, *layers)}
+
+
+def layout_like(params, reference):
+    """``params`` (stacked, e.g. after training) in ``reference``'s layout: split when ``reference`` is split."""
+    split = isinstance(reference, dict) and isinstance(reference.get("layers"), tuple)
+    return split_layers(params) if split else params
 
 
 def _nothing(cfg, name: str) -> bool:

@@ -80,7 +80,7 @@ def export_hf(model: CausalLM, directory: str | os.PathLike, *, model_type: str 
     directory = Path(directory)
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(f"directory {directory} exists and is not empty; choose a new path")
-    params = model.params
+    params = families.stack_layers(model.params)  # the weight table's layout
     if getattr(cfg, "vocab_ids", ()):
         cfg, params = _full_vocab(cfg, params)
     eos = model.eos_token_id

@@ -149,11 +149,14 @@ def _path_names(path) -> tuple[str, ...]:
 
 
 def param_axes(table: Mapping[tuple[str, ...], tuple] | None, path: tuple[str, ...], ndim: int) -> tuple:
-    """Logical axes of the leaf at ``path`` from a model's ``param_axes`` table (stacked layers add ``layers``)."""
+    """Logical axes of the leaf at ``path`` from a model's ``param_axes`` table (stacked layers add ``layers``; a
+    split layer's weight, at ``("layers", "[i]", ...)``, has the table's axes as they are)."""
     if table is None:
         return (None,) * ndim
     if path and path[0] == "layers" and path[1:] in table:
         axes = ("layers", *table[path[1:]])
+    elif len(path) > 1 and path[0] == "layers" and path[2:] in table:
+        axes = table[path[2:]]
     else:
         axes = table.get(path, (None,) * ndim)
     return axes if len(axes) == ndim else (None,) * ndim

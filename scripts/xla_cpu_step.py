@@ -5,9 +5,10 @@
 
 Prints, for the real model (float32, batch 1, cache 512, position 200), the median time of
 
-- ``stacked``: jaxspec's model as it is (``nn.scan`` over weights with a leading ``[layers]`` axis), 1 and 5 tokens;
-- ``per-layer``: the same Flax ``DecoderLayer`` applied layer by layer in a Python loop, each layer's weights in its
-  own buffer (a copy made before timing), same cache, same head;
+- ``stacked``: jaxspec's model over stacked params (``families.stack_layers``: ``nn.scan`` over weights with a
+  leading ``[layers]`` axis), 1 and 5 tokens;
+- ``per-layer``: the same model over split params (``families.split_layers``, ``from_params``' default: each
+  layer's weights in their own arrays, applied layer by layer), same cache, same head;
 - ``read``: summing every weight once (what streaming the weights costs, the floor of a memory-bound step);
 
 and, on synthetic weights of the model's shapes, the three ways a layer loop can take its weights: ``scan`` over a
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxspec
+from jaxspec import families
 from jaxspec.models import llama
 
 
@@ -52,38 +54,24 @@ def _interleaved(calls, rounds=30):
 
 def real_model(name="smollm2-135m-instruct", cache_len=512, position=200):
     target = jaxspec.load(name, "float32")
-    cfg, params = target.config, target.params
+    cfg = target.config
     apply_fn, init_cache = llama.model_fns(cfg)
     cache = init_cache(1, cache_len)
-    per_layer = [
-        jax.tree_util.tree_map(lambda a, i=i: jnp.array(a[i]), params["layers"]) for i in range(cfg.num_layers)
-    ]
-    rest = {k: v for k, v in params.items() if k != "layers"}
-    layer_mod, norm = llama.DecoderLayer(cfg), llama._norm(cfg, "final_norm")
+    layouts = {"stacked": families.stack_layers(target.params), "per-layer": families.split_layers(target.params)}
 
-    def stacked(T):
+    def step(T):
         return jax.jit(
             lambda p, c, pos: apply_fn(p, jnp.ones((1, T), jnp.int32), pos + jnp.arange(T, dtype=jnp.int32)[None], c)[0]
         )
 
-    def looped(T):
-        def f(rest, layers, c, pos):
-            positions = pos + jnp.arange(T, dtype=jnp.int32)[None]
-            x = rest["embed"]["embedding"][jnp.ones((1, T), jnp.int32)]
-            k, v = c.k, c.v
-            for i, lp in enumerate(layers):
-                (x, k, v), _ = layer_mod.apply({"params": lp}, (x, k, v), i, positions)
-            x = norm.apply({"params": rest["final_norm"]}, x)
-            return jnp.einsum("btd,vd->btv", x, rest["embed"]["embedding"], preferred_element_type=jnp.float32)
-
-        return jax.jit(f)
-
     pos = jnp.int32(position)
     calls = {}
     for T in (1, 5):
-        calls[f"stacked({T})"] = (stacked(T), (params, cache, pos))
-        calls[f"per-layer({T})"] = (looped(T), (rest, per_layer, cache, pos))
+        fn = step(T)
+        for kind, params in layouts.items():
+            calls[f"{kind}({T})"] = (fn, (params, cache, pos))
     out = _interleaved(calls)
+    params = layouts["stacked"]
     total = jax.jit(lambda p: sum(jnp.sum(x) for x in jax.tree_util.tree_leaves(p)))
     out["read"] = _median_ms(total, params)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
@@ -91,7 +79,7 @@ def real_model(name="smollm2-135m-instruct", cache_len=512, position=200):
         f"{name}, float32, batch 1, cache {cache_len}: weights {nbytes / 1e6:.0f} MB, read once {out['read']:.1f} ms "
         f"({nbytes / out['read'] / 1e6:.1f} GB/s)"
     )
-    for kind in ("stacked", "per-layer"):
+    for kind in layouts:
         t1, t5 = out[f"{kind}(1)"], out[f"{kind}(5)"]
         print(f"  {kind:9s}: step(1) {t1:5.1f} ms  step(5) {t5:5.1f} ms  v(5) = {t5 / t1:.2f}")
     return out

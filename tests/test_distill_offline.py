@@ -161,9 +161,10 @@ def test_draft_from_target_copies_its_layers_and_restricts_the_vocabulary(target
     ids = tuple(range(0, target.vocab_size, 3))
     draft = d.draft_from_target(target, [0], vocab_ids=ids)
     assert draft.config.num_layers == 1 and draft.config.embed_rows == len(ids) + 1
-    t_layers, d_layers = target.params["layers"], draft.params["layers"]
-    for a, b in zip(jax.tree.leaves(t_layers), jax.tree.leaves(d_layers)):
-        np.testing.assert_array_equal(np.asarray(a)[:1], np.asarray(b))
+    t_layers, d_layers = target.params["layers"], draft.params["layers"]  # split per layer (from_params)
+    assert len(d_layers) == 1 and len(t_layers) == target.config.num_layers
+    for a, b in zip(jax.tree.leaves(t_layers[0]), jax.tree.leaves(d_layers[0]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     emb = np.asarray(target.params["embed"]["embedding"])
     np.testing.assert_array_equal(np.asarray(draft.params["embed"]["embedding"])[:-1], emb[list(ids)])
     # a one-layer target truncated to the same layer, full vocabulary: identical logits on the kept ids

@@ -123,3 +123,37 @@ def test_register_makes_a_model_type_loadable(registry, tmp_path):
     assert [f.name for f in families.registered()][-1] == "my_llama" and families.registered()[-1] is again
     with pytest.raises(ValueError, match="unsupported model_type 'my_llama'"):
         families.family_for_model_type("my_llama")
+
+
+@pytest.mark.parametrize("cfg", CONFIGS["llama"], ids=["plain", "biases-tied", "qk-norm-reduced-vocab"])
+def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, cfg):
+    """``from_params`` holds a Llama model's layers split (one tree per layer, its own arrays); ``apply_fn`` gives
+    the same logits and caches from the stacked layout (``nn.scan``); the two layouts convert both ways exactly; a
+    checkpoint holds the stacked layout and loads back split; ``split_layers=False`` keeps the stack."""
+    stacked = llama.init_params(cfg, seed=3)
+    model = llama.from_params(cfg, stacked)
+    layers = model.params["layers"]
+    assert isinstance(layers, tuple) and len(layers) == cfg.num_layers
+    q = layers[1]["attn"]["q_proj"]["kernel"]
+    np.testing.assert_array_equal(np.asarray(q), np.asarray(stacked["layers"]["attn"]["q_proj"]["kernel"][1]))
+    back = families.stack_layers(model.params)
+    assert jax.tree.structure(back) == jax.tree.structure(stacked)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(stacked), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert families.split_layers(model.params) is model.params and families.stack_layers(stacked) is stacked
+
+    tokens = np.asarray([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]])
+    positions = np.broadcast_to(np.arange(6), tokens.shape)
+    apply_fn, init_cache = llama.model_fns(cfg)
+    (split_logits, split_cache), (scan_logits, scan_cache) = (
+        jax.jit(apply_fn)(p, tokens, positions, init_cache(2, 8)) for p in (model.params, stacked)
+    )
+    np.testing.assert_allclose(np.asarray(split_logits), np.asarray(scan_logits), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(split_cache.k), np.asarray(scan_cache.k), rtol=1e-5, atol=1e-5)
+
+    kept = llama.from_params(cfg, model.params, split_layers=False)
+    assert not isinstance(kept.params["layers"], tuple)
+    jaxspec.save(model, tmp_path / "ckpt")
+    loaded = jaxspec.load(tmp_path / "ckpt", tokenizer=False)
+    assert isinstance(loaded.params["layers"], tuple)
+    np.testing.assert_allclose(np.asarray(loaded.logits(tokens)), np.asarray(split_logits), rtol=1e-5, atol=1e-5)

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from multihost_prompts import PROMPTS, engine_requests
 
 import jaxspec
-from jaxspec import loop, sharding
+from jaxspec import families, loop, sharding
 
 gen = importlib.import_module("jaxspec.generate")  # the module (the package attribute is the function)
 
@@ -106,24 +106,29 @@ def _per_device_bytes(x: jax.Array) -> int:
 def test_params_and_caches_are_sharded(target, small_draft, prompts):
     mesh = sharding.make_mesh({"data": 2, "model": 4})
     placed = jaxspec.shard(target, mesh).params
-    layer = placed["layers"]
-    expect = {
-        ("attn", "q_proj", "kernel"): P(None, None, "model"),
-        ("attn", "o_proj", "kernel"): P(None, "model", None),
-        ("mlp", "gate_proj", "kernel"): P(None, None, "model"),
-        ("mlp", "down_proj", "kernel"): P(None, "model", None),
+    expect = {  # each layer's weights in their own arrays (``from_params`` splits the stack)
+        ("attn", "q_proj", "kernel"): P(None, "model"),
+        ("attn", "o_proj", "kernel"): P("model", None),
+        ("mlp", "gate_proj", "kernel"): P(None, "model"),
+        ("mlp", "down_proj", "kernel"): P("model", None),
         # 2 kv heads do not divide over model=4: replicated, and reported
-        ("attn", "k_proj", "kernel"): P(None, None, None),
+        ("attn", "k_proj", "kernel"): P(None, None),
     }
-    for path, spec in expect.items():
-        x = layer[path[0]][path[1]][path[2]]
-        assert x.sharding.spec == spec, path
-        shards = 4 if "model" in spec else 1
-        assert _per_device_bytes(x) == x.nbytes // shards
+    assert len(placed["layers"]) == target.config.num_layers
+    for layer in placed["layers"]:
+        for path, spec in expect.items():
+            x = layer[path[0]][path[1]][path[2]]
+            assert x.sharding.spec == spec, path
+            shards = 4 if "model" in spec else 1
+            assert _per_device_bytes(x) == x.nbytes // shards
     assert placed["embed"]["embedding"].sharding.spec == P("model", None)
     assert placed["lm_head"]["kernel"].sharding.spec == P(None, "model")
     fallbacks = {f.tensor for f in sharding.plan(target, mesh).fallbacks}
-    assert fallbacks == {"target/layers/attn/k_proj/kernel", "target/layers/attn/v_proj/kernel"}
+    layers = range(target.config.num_layers)
+    assert fallbacks == {f"target/layers/[{i}]/attn/{p}_proj/kernel" for i in layers for p in "kv"}
+    # the stacked layout (nn.scan) is planned with a leading, unsharded layers axis
+    stacked = jaxspec.shard(target.replace(params=families.stack_layers(target.params)), mesh).params["layers"]
+    assert stacked["attn"]["q_proj"]["kernel"].sharding.spec == P(None, None, "model")
 
     # caches and loop state, on a mesh where the 2 kv heads divide: [L, B/data, S, Hkv/model, D] per device
     mesh42 = {"data": 4, "model": 2}
@@ -138,7 +143,7 @@ def test_params_and_caches_are_sharded(target, small_draft, prompts):
     assert _per_device_bytes(dk) == dk.nbytes // 4
     assert state.tokens.sharding.spec == P("data", None)
     assert _per_device_bytes(state.tokens) == state.tokens.nbytes // 4
-    assert dparams["layers"]["mlp"]["up_proj"]["kernel"].sharding.spec == P(None, None, "model")  # draft sharded
+    assert dparams["layers"][0]["mlp"]["up_proj"]["kernel"].sharding.spec == P(None, "model")  # draft sharded
     prep = gen.prepare(target, prompts, draft=small_draft, max_new_tokens=8, mesh=mesh42, shard_draft=False)
     assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(prep.placed_params()[1]))
 
@@ -151,8 +156,8 @@ def test_load_into_layout(tmp_path, target):
     jaxspec.export_hf(target, tmp_path / "hf")
     for path in (tmp_path / "orbax", tmp_path / "hf"):
         model = jaxspec.load(path, mesh=mesh)
-        q = model.params["layers"]["attn"]["q_proj"]["kernel"]
-        assert q.sharding.spec == P(None, None, "model") and _per_device_bytes(q) == q.nbytes // 4, path
+        q = model.params["layers"][0]["attn"]["q_proj"]["kernel"]
+        assert q.sharding.spec == P(None, "model") and _per_device_bytes(q) == q.nbytes // 4, path
         assert model.params["embed"]["embedding"].sharding.spec == P("model", None)
         for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(target.params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec import corpus, train
+from jaxspec import corpus, families, train
 from jaxspec.model import full_logits
 from jaxspec.models import llama
 
@@ -115,7 +115,9 @@ def test_distillation_and_export(run_dir):
     tiny_hf_tokenizer(vocab_size=32).save_pretrained(run_dir / "tokenizer")
     path = train.export(run_dir, "target", run_dir / "export")
     model = jaxspec.load(path)
-    for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(teacher)):
+    loaded = families.stack_layers(model.params)  # loaded split per layer; the teacher was trained stacked
+    assert jax.tree.structure(loaded) == jax.tree.structure(teacher)
+    for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(teacher), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert model.tokenizer is not None and model.eos_token_id == model.tokenizer.eos_token_id
     assert len(jaxspec.generate(model, "def f", max_new_tokens=5, temperature=0).tokens[0]) >= 1
