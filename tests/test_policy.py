@@ -27,12 +27,13 @@ def test_expected_speedup_by_hand():
 def test_verify_is_timed_at_every_other_candidate_and_interpolated_between():
     from jaxspec.policy.timing import interpolate, verify_gammas
 
-    assert verify_gammas((6, 1, 4, 2)) == (1, 4, 6)  # sorted: 1, 2, 4, 6 -> every other from the first, and the last
-    assert verify_gammas((1, 2, 3, 4, 5, 6, 7, 8)) == (1, 3, 5, 7, 8)
-    assert verify_gammas((4,)) == (4,) and verify_gammas((2, 3)) == (2, 3)
-    # v(2) between v(1) = 1.1 and v(4) = 1.7: 1.1 + 0.6 * (2 - 1) / (4 - 1) = 1.3
-    got = interpolate({1: 1.1, 4: 1.7, 6: 1.9}, (1, 2, 4, 6))
-    assert got == pytest.approx({1: 1.1, 2: 1.3, 4: 1.7, 6: 1.9})
+    # with γ = 0 (v = 1) among them: 6, 4, 2, 1, 0 going down -> every other: 6, 2 (0 is the plain step itself)
+    assert verify_gammas((6, 1, 4, 2)) == (2, 6)
+    assert verify_gammas((1, 2, 3, 4, 5, 6, 7, 8)) == (2, 4, 6, 8)
+    assert verify_gammas((4,)) == (4,) and verify_gammas((2, 3)) == (3,)
+    # v(4) between v(2) = 1.3 and v(6) = 1.9: 1.3 + 0.6 * (4 - 2) / (6 - 2) = 1.6; v(1) between v(0) = 1 and v(2)
+    got = interpolate({0: 1.0, 2: 1.3, 6: 1.9}, (1, 2, 4, 6))
+    assert got == pytest.approx({1: 1.15, 2: 1.3, 4: 1.6, 6: 1.9})
     assert interpolate({1: 1.2, 3: 1.2}, (1, 2, 3)) == pytest.approx({1: 1.2, 2: 1.2, 3: 1.2})
 
 
