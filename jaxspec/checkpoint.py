@@ -119,7 +119,7 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
     eos = meta.get("eos_token_id")
     return family.from_params(
         config,
-        params,
+        families.loaded_params(family, params),
         tokenizer=tokenizer,
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
         name=meta.get("name", "model"),

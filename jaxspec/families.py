@@ -85,21 +85,28 @@ def axes_table(weights: list[Weight]) -> dict[tuple[str, ...], tuple]:
     return {w.path[1:] if w.stacked else w.path: w.axes for w in weights}
 
 
-def split_layers(params):
+def split_layers(params, *, consume: bool = False):
     """``params`` with its ``"layers"`` entry (every weight stacked over a leading ``[layers]`` axis) as a tuple of
     per-layer trees, each weight in its own array: the layout a family's ``apply_fn`` decodes from when it supports
     it (``models.llama``). A loop over stacked weights makes XLA slice each layer's weights out of the stack on
     every step, which XLA:CPU does by copying them (``scripts/xla_cpu_step.py``). Other trees are returned as they
-    are. Values are sliced, not copied twice: the stacked arrays go once the caller drops them."""
+    are. ``consume``: the stacked device arrays are deleted as soon as they are split, one weight at a time, so a
+    loader that owns them never holds both layouts in device memory (the caller must not use them again)."""
     layers = params.get("layers") if isinstance(params, dict) else None
     if layers is None or isinstance(layers, tuple):
         return params
-    count = jax.tree.leaves(layers)[0].shape[0]
-
-    def layer(a, i):  # abstract params (``jax.ShapeDtypeStruct``) split into abstract layers
-        return jax.ShapeDtypeStruct(a.shape[1:], a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a[i]
-
-    return {**params, "layers": tuple(jax.tree.map(lambda a, i=i: layer(a, i), layers) for i in range(count))}
+    leaves, treedef = jax.tree.flatten(layers)
+    count = leaves[0].shape[0]
+    parts = []
+    for a in leaves:
+        if isinstance(a, jax.ShapeDtypeStruct):  # abstract params split into abstract layers
+            parts.append([jax.ShapeDtypeStruct(a.shape[1:], a.dtype)] * count)
+            continue
+        parts.append(jax.block_until_ready([a[i] for i in range(count)]))
+        if consume and isinstance(a, jax.Array):
+            a.delete()
+    layer_trees = tuple(jax.tree.unflatten(treedef, [p[i] for p in parts]) for i in range(count))
+    return {**params, "layers": layer_trees}
 
 
 def stack_layers(params):
@@ -115,6 +122,12 @@ def stack_layers(params):
         return jnp.stack(xs)
 
     return {**params, "layers": jax.tree.map(stack, *layers)}
+
+
+def loaded_params(family: ModelFamily, params):
+    """What a loader hands ``family.from_params``: ``params`` it read (and owns), split for a family that
+    ``splits_layers`` with the stacked arrays consumed (device memory holds one copy of the weights)."""
+    return split_layers(params, consume=True) if family.splits_layers else params
 
 
 def layout_like(params, reference):
@@ -147,6 +160,8 @@ class ModelFamily:
       layout_of: for a record that is only another checkpoint layout of a family's model (``phi3`` of ``llama``):
         that family's name. ``family_of_config`` (so ``jaxspec.save`` and ``export_hf`` without a ``model_type``)
         skips such records.
+      splits_layers: ``from_params`` holds the layers split (``split_layers``); the loaders then split what they
+        read themselves, consuming the stacked arrays, before calling it.
     """
 
     name: str
@@ -159,6 +174,7 @@ class ModelFamily:
     config_to_hf: Callable[[Any, str | None], dict] | None = None
     ignored: Callable[[Any, str], bool] = _nothing
     layout_of: str | None = None
+    splits_layers: bool = False
 
     def abstract_params(self, cfg):
         """The params tree of ``cfg`` as ``jax.ShapeDtypeStruct``s (nothing is computed)."""

@@ -350,5 +350,9 @@ def load(
         tokenizer = None
     eos = meta.get("tokenizer.ggml.eos_token_id")
     return family.from_params(
-        cfg, params, tokenizer=tokenizer, eos_token_id=None if eos is None else int(eos), name=name or path.stem
+        cfg,
+        families.loaded_params(family, params),
+        tokenizer=tokenizer,
+        eos_token_id=None if eos is None else int(eos),
+        name=name or path.stem,
     )

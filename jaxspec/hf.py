@@ -180,5 +180,9 @@ def load(
     elif tokenizer is False:
         tokenizer = None
     return family.from_params(
-        cfg, params, tokenizer=tokenizer, eos_token_id=_eos_ids(root, config, tokenizer), name=name or root.name
+        cfg,
+        families.loaded_params(family, params),
+        tokenizer=tokenizer,
+        eos_token_id=_eos_ids(root, config, tokenizer),
+        name=name or root.name,
     )

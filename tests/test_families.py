@@ -141,6 +141,14 @@ def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, cfg):
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(stacked), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert families.split_layers(model.params) is model.params and families.stack_layers(stacked) is stacked
+    # a loader's own arrays are consumed as they are split (one copy of the weights at a time); a caller's are not
+    q_stacked = stacked["layers"]["attn"]["q_proj"]["kernel"]
+    assert not q_stacked.is_deleted()
+    owned = jax.tree.map(lambda a: a + 0, stacked)
+    split = families.split_layers(owned, consume=True)
+    assert all(a.is_deleted() for a in jax.tree.leaves(owned["layers"]))
+    assert not any(a.is_deleted() for a in jax.tree.leaves(split))
+    np.testing.assert_array_equal(np.asarray(split["layers"][2]["attn"]["q_proj"]["kernel"]), np.asarray(q_stacked[2]))
 
     tokens = np.asarray([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]])
     positions = np.broadcast_to(np.arange(6), tokens.shape)

@@ -322,5 +322,6 @@ FAMILY = families.register(
         config_from_hf=config_from_hf,
         config_to_hf=config_to_hf,
         ignored=_ignored,
+        splits_layers=True,
     )
 )
