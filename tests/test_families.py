@@ -125,41 +125,46 @@ def test_register_makes_a_model_type_loadable(registry, tmp_path):
         families.family_for_model_type("my_llama")
 
 
-@pytest.mark.parametrize("cfg", CONFIGS["llama"], ids=["plain", "biases-tied", "qk-norm-reduced-vocab"])
-def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, cfg):
-    """``from_params`` holds a Llama model's layers split (one tree per layer, its own arrays); ``apply_fn`` gives
-    the same logits and caches from the stacked layout (``nn.scan``); the two layouts convert both ways exactly; a
-    checkpoint holds the stacked layout and loads back split; ``split_layers=False`` keeps the stack."""
-    stacked = llama.init_params(cfg, seed=3)
-    model = llama.from_params(cfg, stacked)
+@pytest.mark.parametrize(
+    "module, cfg",
+    [(llama, c) for c in CONFIGS["llama"]] + [(gpt2, CONFIGS["gpt2"][0])],
+    ids=["plain", "biases-tied", "qk-norm-reduced-vocab", "gpt2"],
+)
+def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, module, cfg):
+    """``from_params`` holds a model's layers split (one tree per layer, its own arrays); ``apply_fn`` gives the same
+    logits and caches from the stacked layout (``nn.scan``); the two layouts convert both ways exactly; a loader's
+    own arrays are consumed as they are split; a checkpoint holds the stacked layout and loads back split;
+    ``split_layers=False`` keeps the stack."""
+    stacked = module.init_params(cfg, seed=3)
+    model = module.from_params(cfg, stacked)
     layers = model.params["layers"]
     assert isinstance(layers, tuple) and len(layers) == cfg.num_layers
-    q = layers[1]["attn"]["q_proj"]["kernel"]
-    np.testing.assert_array_equal(np.asarray(q), np.asarray(stacked["layers"]["attn"]["q_proj"]["kernel"][1]))
+    for got, whole in zip(jax.tree.leaves(layers[1]), jax.tree.leaves(stacked["layers"]), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(whole[1]))
     back = families.stack_layers(model.params)
     assert jax.tree.structure(back) == jax.tree.structure(stacked)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(stacked), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert families.split_layers(model.params) is model.params and families.stack_layers(stacked) is stacked
     # a loader's own arrays are consumed as they are split (one copy of the weights at a time); a caller's are not
-    q_stacked = stacked["layers"]["attn"]["q_proj"]["kernel"]
-    assert not q_stacked.is_deleted()
+    assert not any(a.is_deleted() for a in jax.tree.leaves(stacked))
     owned = jax.tree.map(lambda a: a + 0, stacked)
     split = families.split_layers(owned, consume=True)
     assert all(a.is_deleted() for a in jax.tree.leaves(owned["layers"]))
     assert not any(a.is_deleted() for a in jax.tree.leaves(split))
-    np.testing.assert_array_equal(np.asarray(split["layers"][2]["attn"]["q_proj"]["kernel"]), np.asarray(q_stacked[2]))
+    for got, want in zip(jax.tree.leaves(split), jax.tree.leaves(model.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
     tokens = np.asarray([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]])
     positions = np.broadcast_to(np.arange(6), tokens.shape)
-    apply_fn, init_cache = llama.model_fns(cfg)
+    apply_fn, init_cache = module.model_fns(cfg)
     (split_logits, split_cache), (scan_logits, scan_cache) = (
         jax.jit(apply_fn)(p, tokens, positions, init_cache(2, 8)) for p in (model.params, stacked)
     )
     np.testing.assert_allclose(np.asarray(split_logits), np.asarray(scan_logits), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(split_cache.k), np.asarray(scan_cache.k), rtol=1e-5, atol=1e-5)
 
-    kept = llama.from_params(cfg, model.params, split_layers=False)
+    kept = module.from_params(cfg, model.params, split_layers=False)
     assert not isinstance(kept.params["layers"], tuple)
     jaxspec.save(model, tmp_path / "ckpt")
     loaded = jaxspec.load(tmp_path / "ckpt", tokenizer=False)

@@ -1,9 +1,9 @@
 """GPT-2 decoder in Flax: learned position embeddings, pre-LayerNorm (with bias), fused q/k/v projection, GELU MLP,
 biases everywhere and an LM head tied to the token embeddings.
 
-Same contract and cache design as ``models.llama``: layers are stacked with ``nn.scan`` (every layer weight has a
-leading ``[layers]`` axis) and the KV cache is one ``KVCache`` with ``[layers, B, S, heads, head_dim]``, carried
-through the scan and updated in place.
+Same contract, parameter layouts and cache design as ``models.llama``: layers held split per layer by
+``from_params`` or stacked (``nn.scan``, every layer weight with a leading ``[layers]`` axis; ``models.stack``), and
+one ``KVCache`` with ``[layers, B, S, heads, head_dim]`` updated in place.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from jaxspec import dtypes, families
 from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.families import Weight
 from jaxspec.model import CausalLM
+from jaxspec.models import stack
 
 _ACTIVATIONS = {
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
@@ -139,7 +140,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm block (attention then MLP, each with a residual), the body of the block ``nn.scan``."""
+    """One pre-norm block (attention then MLP, each with a residual): one layer of ``models.stack``."""
 
     cfg: GPT2Config
 
@@ -156,9 +157,11 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    """The whole model: token + learned position embeddings, stacked blocks, final norm, tied LM head."""
+    """The whole model: token + learned position embeddings, the blocks (stacked, or ``split`` one module each:
+    ``models.stack``), final norm, tied LM head."""
 
     cfg: GPT2Config
+    split: bool = False
 
     @nn.compact
     def __call__(self, tokens, positions, cache: KVCache):
@@ -179,16 +182,7 @@ class GPT2(nn.Module):
         x = wte(tokens) + embed(cfg.max_positions, "wpe", cfg.init_std / 2)(
             jnp.minimum(positions, cfg.max_positions - 1)
         )
-        layers = nn.scan(
-            Block,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(0, nn.broadcast),
-            out_axes=0,
-            length=cfg.num_layers,
-        )(cfg, name="layers")
-        # As in llama.py: the whole cache rides in the scan carry and each layer scatters into it in place.
-        (x, k, v), _ = layers((x, cache.k, cache.v), jnp.arange(cfg.num_layers), positions)
+        x, k, v = stack.apply_layers(Block, cfg, (x, cache.k, cache.v), positions, self.split)
         x = LayerNorm(cfg.layer_norm_eps, cfg.jnp_dtype, name="ln_f")(x)
         return wte.attend(x).astype(jnp.float32), KVCache(k, v)
 
@@ -222,11 +216,12 @@ def weights(cfg: GPT2Config) -> list[Weight]:
 
 @functools.cache
 def model_fns(cfg: GPT2Config):
-    """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared."""
-    module = GPT2(cfg)
+    """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared.
+    ``apply_fn`` takes the params stacked (``init_params``) or split per layer (``from_params``' default)."""
 
     def apply_fn(params, tokens, positions, cache):
-        return module.apply({"params": params}, tokens, positions, cache)
+        module, variables = stack.bind(GPT2, cfg, params)
+        return module.apply(variables, tokens, positions, cache)
 
     def init_cache(batch_size: int, max_length: int) -> KVCache:
         return KVCache.zeros(cfg.num_layers, batch_size, max_length, cfg.num_heads, cfg.head_dim, cfg.jnp_dtype)
@@ -241,8 +236,12 @@ def init_params(cfg: GPT2Config, seed: int = 0):
     return jax.jit(GPT2(cfg).init)(jax.random.key(seed), tokens, tokens, init_cache(1, 1))["params"]
 
 
-def from_params(cfg: GPT2Config, params, *, tokenizer=None, eos_token_id=None, name="gpt2") -> CausalLM:
-    """A ``CausalLM`` over ``params`` (the tree ``init_params`` makes) with GPT-2's apply and cache functions."""
+def from_params(
+    cfg: GPT2Config, params, *, tokenizer=None, eos_token_id=None, name="gpt2", split_layers: bool = True
+) -> CausalLM:
+    """A ``CausalLM`` over ``params`` (the tree ``init_params`` makes, or one already split) with GPT-2's apply and
+    cache functions; ``split_layers`` as in ``llama.from_params``."""
+    params = families.split_layers(params) if split_layers else families.stack_layers(params)
     return CausalLM.from_config(
         model_fns(cfg),
         cfg,
@@ -306,5 +305,6 @@ FAMILY = families.register(
         architectures={"gpt2": "GPT2LMHeadModel"},
         config_from_hf=config_from_hf,
         ignored=_ignored,
+        splits_layers=True,
     )
 )

@@ -25,6 +25,7 @@ from jaxspec import families
 from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.families import Weight
 from jaxspec.model import CausalLM
+from jaxspec.models import stack
 from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama is the family's public module
     ARCHITECTURES,
     LlamaConfig,
@@ -140,8 +141,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer (attention then MLP, each with a residual), the body of the layer ``nn.scan``:
-    ``carry = (x [B, T, hidden], k_all, v_all)``, ``layer`` the scanned layer index."""
+    """One pre-norm decoder layer (attention then MLP, each with a residual), one layer of ``models.stack``:
+    ``carry = (x [B, T, hidden], k_all, v_all)``, ``layer`` the layer index (traced under the scan)."""
 
     cfg: LlamaConfig
 
@@ -179,23 +180,7 @@ class Llama(nn.Module):
         x = embed(to_rows(cfg, tokens))
         if cfg.embed_scale:  # like transformers: sqrt(hidden) rounded to the activation dtype first
             x = x * jnp.asarray(cfg.hidden_size**0.5, cfg.jnp_dtype)
-        if self.split:  # each layer's weights in their own arrays (no slicing out of a stack)
-            carry = (x, cache.k, cache.v)
-            for i in range(cfg.num_layers):
-                carry, _ = DecoderLayer(cfg, name=f"layers_{i}")(carry, i, positions)
-            x, k, v = carry
-        else:
-            layers = nn.scan(
-                DecoderLayer,
-                variable_axes={"params": 0},
-                split_rngs={"params": True},
-                in_axes=(0, nn.broadcast),
-                out_axes=0,
-                length=cfg.num_layers,
-            )(cfg, name="layers")
-            # The whole cache rides in the scan carry and each layer scatters its new entries in place: passing it
-            # as scanned inputs/outputs would make XLA build a second full cache every step.
-            (x, k, v), _ = layers((x, cache.k, cache.v), jnp.arange(cfg.num_layers), positions)
+        x, k, v = stack.apply_layers(DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split)
         x = _norm(cfg, "final_norm")(x)
         if hidden:
             return x, KVCache(k, v)
@@ -239,23 +224,13 @@ def weights(cfg: LlamaConfig) -> list[Weight]:
     return out
 
 
-def _bind(cfg: LlamaConfig, params) -> tuple[Llama, dict]:
-    """The module and its variables for ``params`` in either layout (stacked, or ``families.split_layers``')."""
-    layers = params.get("layers")
-    if isinstance(layers, tuple):
-        named = {k: v for k, v in params.items() if k != "layers"}
-        named.update({f"layers_{i}": p for i, p in enumerate(layers)})
-        return Llama(cfg, split=True), {"params": named}
-    return Llama(cfg), {"params": params}
-
-
 @functools.cache
 def model_fns(cfg: LlamaConfig):
     """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared.
     ``apply_fn`` takes the params stacked (``init_params``) or split per layer (``from_params``' default)."""
 
     def apply_fn(params, tokens, positions, cache):
-        module, variables = _bind(cfg, params)
+        module, variables = stack.bind(Llama, cfg, params)
         return module.apply(variables, tokens, positions, cache)
 
     def init_cache(batch_size: int, max_length: int) -> KVCache:
@@ -268,7 +243,7 @@ def hidden_and_head(cfg: LlamaConfig, params, tokens, positions, cache):
     """``(hidden [B, T, D], head [D, embed_rows])``: the final hidden states and the LM head matrix (the transposed
     embedding when tied), so a caller can compute logits at a subset of positions (over the embedding rows: map
     labels with ``to_rows``)."""
-    module, variables = _bind(cfg, params)
+    module, variables = stack.bind(Llama, cfg, params)
     x, _ = module.apply(variables, tokens, positions, cache, True)
     head = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
     return x, head
