@@ -46,15 +46,9 @@ def lower_steps(steps) -> dict:
 
 def _timed_calls(call, iters: int, skip: int, budget_s: float) -> float:
     """Median seconds of ``call()`` over ``iters`` calls after ``skip`` untimed ones; fewer (at least one) once the
-    timed calls add up to ``budget_s``: a long call (a prefill) is timed once or twice, a short one ``iters`` times.
-    With ``skip == 1`` (the program compiled before) a warm-up call that alone takes ``budget_s`` is the timing."""
-    first = 0.0
-    for _ in range(skip):
-        start = time.perf_counter()
+    timed calls add up to ``budget_s``: a long call (a prefill) is timed once or twice, a short one ``iters`` times."""
+    for _ in range(skip):  # never timed: a fresh executable's first call pays one-time costs (0.3 s and more)
         call()
-        first = time.perf_counter() - start
-    if skip == 1 and first >= budget_s:  # compiled already and long: the warm-up call is the timing
-        return first
     times = []
     while len(times) < iters and (not times or sum(times) < budget_s):
         start = time.perf_counter()
