@@ -338,3 +338,22 @@ def test_position_counts_from_histogram():
     assert position_counts([3, 2, 1]) == ([6, 3], [3, 1])
     assert position_counts([0, 0, 0, 5]) == ([5, 5, 5], [5, 5, 5])
     assert position_counts([4]) == ([], [])  # γ = 0: no draft position
+
+
+def test_step_timing_never_counts_the_warm_up_call():
+    """A fresh executable's first call pays one-time costs: timing it made SmolLM2's plain step look 4x slower (and
+    every round as cheap as a step). The warm-up is skipped, and a long call is timed fewer times."""
+    import time as clock
+
+    from jaxspec.policy.timing import _timed_calls
+
+    calls = []
+
+    def call():
+        calls.append(None)
+        clock.sleep(0.3 if len(calls) == 1 else 0.01)
+
+    assert _timed_calls(call, iters=3, skip=1, budget_s=0.25) < 0.1 and len(calls) == 4
+    calls.clear()
+    slow = lambda: (calls.append(None), clock.sleep(0.15))  # noqa: E731
+    assert _timed_calls(slow, iters=3, skip=1, budget_s=0.25) >= 0.15 and len(calls) == 3  # 2 timed: past budget
