@@ -45,9 +45,9 @@ def save(model: CausalLM, directory: str | Path, *, storage_dtype: str | None = 
     params = families.stack_layers(model.params)  # checkpoints hold the stacked layout
     if storage_dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtypes.DTYPES[storage_dtype]), params)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(directory / "params", params)
-    checkpointer.wait_until_finished()
+    with ocp.StandardCheckpointer() as checkpointer:  # leaving it waits for the save and stops its threads
+        checkpointer.save(directory / "params", params)
+        checkpointer.wait_until_finished()
     eos = model.eos_token_id
     meta = {
         "format": FORMAT,
@@ -105,7 +105,8 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
         shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, abstract)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
     try:
-        params = ocp.StandardCheckpointer().restore(directory / "params", abstract)
+        with ocp.StandardCheckpointer() as checkpointer:  # closed at once: no threads left behind
+            params = checkpointer.restore(directory / "params", abstract)
     except Exception as err:  # orbax raises many kinds; all mean the same to a user
         raise ValueError(
             f"the checkpoint in {directory / 'params'} is incomplete or corrupted and cannot be restored "
