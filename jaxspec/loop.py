@@ -22,7 +22,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxspec import sharding
+from jaxspec import executables, sharding
 from jaxspec.drafters import bad_logits
 from jaxspec.loop_state import (  # re-exported: the loop's types are part of jaxspec.loop's API
     FINISH_CACHE,
@@ -238,7 +238,8 @@ class Program:
         self.fn = fn
         self.donate_argnums = donate_argnums
         self.jitted = jax.jit(fn, static_argnums=0, donate_argnums=donate_argnums)
-        self._executables = {}
+        self._executables = executables.ExecutableCache()  # bounded, shared LRU order (jaxspec.executables)
+        self.compiles = 0  # programs compiled so far (a compile counter for callers and tests)
 
     def lower(self, spec: LoopSpec, *args):
         """``jax.stages.Lowered`` of ``fn(spec, *args)`` (with explicit shardings on a mesh); not cached."""
@@ -254,10 +255,12 @@ class Program:
         key = (spec, _signature(args))
         executable, seconds = self._executables.get(key), 0.0
         if executable is None:
+            executables.make_room()
             start = time.perf_counter()
             executable = self.lower(spec, *args).compile()
             seconds = time.perf_counter() - start
-            self._executables[key] = executable
+            self._executables.put(key, executable)
+            self.compiles += 1
         return executable(*args), seconds
 
     def compile_all(self, calls) -> float:
@@ -272,14 +275,18 @@ class Program:
                 todo[key] = self.lower(spec, *args)  # tracing and lowering hold the lock: done here, in turn
         if not todo:
             return 0.0
+        executables.make_room()
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
             compiled = dict(zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())))
-        self._executables.update(compiled)
+        for key, executable in compiled.items():
+            self._executables.put(key, executable)
+        self.compiles += len(compiled)
         return time.perf_counter() - start
 
     def cache_size(self) -> int:
-        """Number of compiled executables held."""
+        """Number of compiled executables held now (least recently used ones are released: ``compiles`` counts
+        compilations)."""
         return len(self._executables)
 
     def clear(self) -> None:
@@ -308,6 +315,7 @@ rounds_program = Program(run, donate_argnums=(3,))
 
 
 def clear_compiled() -> None:
-    """Forget every compiled loop program (the next calls compile again; used by benchmarks)."""
-    for program in (generate_program, prefill_program, rounds_program):
-        program.clear()
+    """Forget every compiled program of every ``Program`` (the loop's and the engine's refill; the next calls
+    compile again; used by benchmarks)."""
+    while executables.release_oldest():
+        pass

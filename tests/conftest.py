@@ -1,20 +1,85 @@
 """Shared tiny models. Weights use a larger init std than training would, so logits are well separated
 (greedy comparisons are then about engine bookkeeping, not float ties)."""
 
+import faulthandler
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import jax
 
 # Eight simulated CPU devices for the mesh tests (must precede any use of the backend; no effect elsewhere).
 jax.config.update("jax_num_cpu_devices", 8)
 
-# No persistent compilation cache shared by the xdist workers any more: with layers held split (larger programs),
-# two full-suite runs each crashed a worker inside jax's cache write / compile-and-write path (a segfault in
-# put_executable_and_time, an abort in backend_compile_and_load), both in tests/test_shipped.py.
+# No persistent compilation cache shared by the xdist workers: three full-suite runs crashed a worker inside XLA's
+# compiler (an abort in backend_compile_and_load, a segfault in put_executable_and_time, one with the cache off).
+# The cause was the workers' memory maps: XLA:CPU maps every kernel of a compiled program, and with layers held
+# split a worker that kept every program passed Linux's 65 530 maps ("LLVM compilation error: Cannot allocate
+# memory", then SIGSEGV). jaxspec.executables now bounds what is kept; see _bounded_memory_maps below.
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from helpers import SMALL_DRAFT, VOCAB, tiny_config  # noqa: E402,F401  (tests import VOCAB/tiny_config from here)
 
+from jaxspec import executables  # noqa: E402
 from jaxspec.models import llama  # noqa: E402
+
+
+# A worker that dies of a fatal signal prints its stacks on its stderr, which xdist interleaves with the progress
+# dots and CI logs keep only the tail of. Each worker writes them to a file instead, and the controller prints the
+# crashing thread's stack at the end of the run, just above the short summary.
+def _crash_dir(controller_pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"jaxspec-test-crashes-{controller_pid}"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin, which points faulthandler at stderr
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        directory = _crash_dir(os.getppid())
+        directory.mkdir(exist_ok=True)
+        config._jaxspec_crash_file = open(directory / f"{worker}-pid{os.getpid()}.txt", "w")  # noqa: SIM115
+        faulthandler.enable(file=config._jaxspec_crash_file, all_threads=True)
+
+
+def crash_report(text: str, max_lines: int = 50) -> str:
+    """A faulthandler dump cut to what tells the cause: the error line and the crashing thread's frames first
+    (pytest's, pluggy's, xdist's and execnet's left out), then the first frames of every other thread; the list of
+    extension modules dropped."""
+    harness = ("/pluggy/", "/_pytest/", "/xdist/", "/execnet/", '"<string>"')
+    blocks = [b.strip("\n") for b in text.split("\n\n") if b.strip() and not b.startswith("Extension modules")]
+    head = [b for b in blocks if b.startswith("Fatal Python error")]
+    current = [
+        "\n".join(x for x in b.splitlines() if not any(h in x for h in harness))
+        for b in blocks
+        if b.startswith("Current thread")
+    ]
+    others = [
+        "\n".join(b.splitlines()[:4]) for b in blocks if not b.startswith(("Current thread", "Fatal Python error"))
+    ]
+    return "\n".join("\n".join([*head, *current, *others]).splitlines()[:max_lines])
+
+
+def pytest_terminal_summary(terminalreporter):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    directory = _crash_dir(os.getpid())
+    for path in sorted(directory.glob("*.txt")) if directory.is_dir() else []:
+        text = path.read_text(errors="replace").strip()
+        if text:
+            terminalreporter.write_sep("=", f"fatal error in xdist worker {path.stem}")
+            terminalreporter.write_line(crash_report(text))
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bounded_memory_maps():
+    """After each module, what every Program does before it compiles: under memory-map pressure, release compiled
+    programs (jaxspec.executables). A worker compiles hundreds of programs, many through plain jax.jit, and on
+    XLA:CPU each maps its kernels: past Linux's 65 530 maps per process, XLA's compiler crashes the worker."""
+    yield
+    executables.make_room()
 
 
 @pytest.fixture(scope="session")

@@ -212,12 +212,12 @@ def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturb
     policy = jaxspec.policy.AutoGamma(gammas=(GAMMA,), margin=0.0)  # speculate whatever this machine's timings
     policy.set_alpha(target, perturbed_draft, True, 0.97)
     reqs = requests_of(7, seed=3)
-    loops = loop.rounds_program.cache_size()
+    loops = loop.rounds_program.compiles
     kw = dict(slots=5, max_length=S, temperature=0.0)  # 5 slots: shapes no other test compiles
     run = Engine(target, draft=perturbed_draft, gamma="auto", policy=policy, **kw).run(reqs)
     got = {r.index: r.tokens for r in run}
     assert run.stats.gamma == run.stats.policy["gamma"] == GAMMA
-    assert loop.rounds_program.cache_size() - loops == 1
+    assert loop.rounds_program.compiles - loops == 1
     assert got == {r.index: r.tokens for r in Engine(target, **kw).run(reqs)}
     seen = policy.observed_rounds(target, perturbed_draft, 5, S)
     assert set(seen) == {GAMMA} and seen[GAMMA] > 0

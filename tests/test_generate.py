@@ -230,7 +230,7 @@ def test_per_row_sampling_in_one_call(target, perturbed_draft, mixed_prompts, sp
         top_p=[(None, 0.9, 1.0, 0.7, None)[i % 5] for i in range(n)],
         **kw,
     )
-    compiled = jaxspec.loop.generate_program.cache_size()
+    compiled = jaxspec.loop.generate_program.compiles
     with count_compiles() as counts:
         greedy = jaxspec.generate(target, mixed_prompts, temperature=0.0, **kw)
         other = jaxspec.generate(
@@ -242,7 +242,7 @@ def test_per_row_sampling_in_one_call(target, perturbed_draft, mixed_prompts, sp
             **kw,
         )
     assert counts["compiles"] == 0 and counts["traces"] == 0, counts
-    assert jaxspec.loop.generate_program.cache_size() == compiled
+    assert jaxspec.loop.generate_program.compiles == compiled
     for result, greedy_rows in ((mixed, range(0, n, 3)), (other, range(1, n, 3))):
         assert [result.tokens[b] for b in greedy_rows] == [greedy.tokens[b] for b in greedy_rows]
         assert [result.finish_reasons[b] for b in greedy_rows] == [greedy.finish_reasons[b] for b in greedy_rows]

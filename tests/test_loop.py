@@ -134,7 +134,7 @@ def test_row_sample_does_not_depend_on_the_batch(target, small_draft, mixed_prom
 def test_no_recompilation_for_new_prompts_seed_temperature(target, small_draft, mixed_prompts):
     kw = dict(draft=small_draft, gamma=3)
     jaxspec.generate(target, mixed_prompts[:6], max_new_tokens=20, temperature=0.7, seed=0, **kw)
-    before = jaxspec.loop.generate_program.cache_size()
+    before = jaxspec.loop.generate_program.compiles
     with count_compiles() as counts:
         rng = np.random.default_rng(9)
         new_prompts = [rng.integers(0, 96, size=int(rng.integers(3, 20))).tolist() for _ in range(5)]
@@ -155,4 +155,4 @@ def test_no_recompilation_for_new_prompts_seed_temperature(target, small_draft, 
                 **kw,
             )
     assert counts["compiles"] == 0 and counts["traces"] == 0, counts
-    assert jaxspec.loop.generate_program.cache_size() == before
+    assert jaxspec.loop.generate_program.compiles == before

@@ -163,10 +163,10 @@ def test_first_call_compiles_only_its_loop_and_later_calls_learn_its_rounds(targ
     policy.set_alpha(target, small_draft, True, 0.97)
     prompts = [[5, 6, 7], [9, 2]]
     kw = dict(draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20, temperature=0.0)
-    loops = loop.rounds_program.cache_size()
+    loops = loop.rounds_program.compiles
     first = jaxspec.generate(target, prompts, **kw)
     p = first.stats.policy
-    assert loop.rounds_program.cache_size() - loops == 1 and first.stats.gamma == p["gamma"] > 0
+    assert loop.rounds_program.compiles - loops == 1 and first.stats.gamma == p["gamma"] > 0
     costs = policy.costs(target, small_draft, 2, 64)
     assert costs.round is None and costs.step_s > 0 and costs.sampling > 0
     s = costs.sampling  # r(γ) = (γc + v(γ) + (2γ + 1) s) / (1 + s), standalone steps and one warp-and-draw
@@ -198,7 +198,7 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
 
     policy = AutoGamma(gammas=(1, 3), calibrate="loops")
     prompts = [[5, 6, 7], [9, 2]]
-    start = loop.rounds_program.cache_size()
+    start = loop.rounds_program.compiles
     first = jaxspec.generate(
         target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20, temperature=0.0
     )
@@ -215,13 +215,13 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
         assert p["expected_speedup"][g] == pytest.approx((big + 20) / (big + small + 20 / tau * p["round_cost"][g]))
     plain = jaxspec.generate(target, prompts, max_new_tokens=20, temperature=0.0)
     assert first.tokens == plain.tokens
-    compiled = loop.rounds_program.cache_size()
+    compiled = loop.rounds_program.compiles
     with count_compiles() as counts:
         again = jaxspec.generate(
             target, prompts, draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20, temperature=0.0
         )
     assert again.tokens == plain.tokens
-    assert loop.rounds_program.cache_size() == compiled
+    assert loop.rounds_program.compiles == compiled
     # the observed α may change the chosen γ: at most that γ's prefill compiles, never a loop
     assert counts["compiles"] <= 1
     policy.set_alpha(target, small_draft, True, 0.0)  # now plain decoding: the timed γ = 0 loop, no draft weights
@@ -231,7 +231,7 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
     assert plain_auto.stats.mode == "plain" and plain_auto.tokens == plain.tokens
     # every call ran a loop the timing compiled (γ = 0, 1, 3): a plain decision once ran the γ = 0 loop with the
     # draft's weights as an extra argument, a fourth compile
-    assert loop.rounds_program.cache_size() - start <= 3
+    assert loop.rounds_program.compiles - start <= 3
 
 
 def test_time_rounds_counts_rounds_not_dispatch(target, small_draft):
