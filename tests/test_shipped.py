@@ -67,7 +67,8 @@ def test_checkpoint_readme_documents_the_pair():
 
 
 def test_cli_on_the_shipped_pair(tmp_path, capsys):
-    """The README's main command, small: the default models (the shipped pair), both input formats, resumable."""
+    """The README's main command, small: the default models (SmolLM2-135M-Instruct, prompt lookup), both input
+    formats, resumable."""
     from jaxspec import cli
 
     assert cli.main(["generate", "def read_config(path):", "--max-new-tokens", "16"]) == 0
