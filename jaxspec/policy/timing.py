@@ -44,11 +44,25 @@ def lower_steps(steps) -> dict:
     return {s: _step(s[0].apply_fn).lower(*_step_args(*s)) for s in steps}
 
 
+WARM_S = 0.1  # after the skipped calls, a call is repeated untimed for this long (at least once, at most 20 calls)
+
+
 def _timed_calls(call, iters: int, skip: int, budget_s: float) -> float:
-    """Median seconds of ``call()`` over ``iters`` calls after ``skip`` untimed ones; fewer (at least one) once the
-    timed calls add up to ``budget_s``: a long call (a prefill) is timed once or twice, a short one ``iters`` times."""
-    for _ in range(skip):  # never timed: a fresh executable's first call pays one-time costs (0.3 s and more)
+    """Median seconds of ``call()`` over ``iters`` calls after ``skip`` untimed ones and a warm-up of ``WARM_S``;
+    fewer timed calls (at least one) once they add up to ``budget_s``: a long call (a prefill) is timed once or
+    twice, a short one ``iters`` times.
+
+    On the 2-core CPU a fresh executable's calls slow down twice: the first pays one-time costs (0.3 s and more for
+    SmolLM2), and the next few run up to 1.8x slower than later ones, settling over about ten calls of a 5 ms step
+    (the toy pair's step at 4 rows: 8.5, 7.8, 7.6, 6.2, ... 4.7 ms). Timing three calls after the first made the
+    1-token step look 1.7x slower than the 5-token one's share, so v(4) read 1.15-1.37 where it is 1.9.
+    """
+    for _ in range(skip):  # never timed: a fresh executable's first call pays one-time costs
         call()
+    warm, start = 0, time.perf_counter()
+    while warm == 0 or (time.perf_counter() - start < WARM_S and warm < 20):
+        call()
+        warm += 1
     times = []
     while len(times) < iters and (not times or sum(times) < budget_s):
         start = time.perf_counter()
@@ -190,12 +204,12 @@ def prefill_tokens(batch: int, cache_len: int) -> int:
 def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer=None, iters: int = 3) -> Costs:
     """The ``Costs`` of ``target`` and ``draft`` (a ``CausalLM``, or a drafter without a model such as prompt
     lookup: c = p = 0) at ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``, from standalone
-    model steps (each compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1 tokens (γ of
-    ``verify_gammas``; the others ``interpolate``d) and
-    over ``prefill_tokens`` prompt tokens, the draft over 1 and the prompt tokens; and one warp-and-draw over the
-    target's vocabulary (``time_sampling``). ``round_timer(gammas)``: seconds
-    per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds it from ``time_rounds`` (this
-    compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it ``Costs.round`` is None."""
+    model steps (each compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1
+    tokens (γ of ``verify_gammas``; the others ``interpolate``d) and over ``prefill_tokens`` prompt tokens, the
+    draft over 1 and the prompt tokens; and one warp-and-draw over the target's vocabulary (``time_sampling``).
+    ``round_timer(gammas)``: seconds per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds
+    it from ``time_rounds`` (this compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it
+    ``Costs.round`` is None."""
     tokens = prefill_tokens(batch, cache_len)
     has_model = hasattr(draft, "apply_fn")
     gammas = tuple(sorted(set(gammas)))
