@@ -31,7 +31,7 @@ import jax
 DEFAULT_MAX_EXECUTABLES = 32
 HIGH, LOW = 0.5, 0.3  # fractions of the memory-map limit: make_room acts above HIGH and releases down to LOW
 
-_ORDER: collections.OrderedDict[tuple[int, Hashable], ExecutableCache] = collections.OrderedDict()
+_ORDER: collections.OrderedDict[tuple[ExecutableCache, Hashable], None] = collections.OrderedDict()  # oldest first
 
 
 def max_executables() -> int:
@@ -66,21 +66,21 @@ class ExecutableCache:
         """The executable compiled for ``key`` (now the most recently used), or None."""
         executable = self._items.get(key)
         if executable is not None:
-            _ORDER.move_to_end((id(self), key))
+            _ORDER.move_to_end((self, key))
         return executable
 
     def put(self, key: Hashable, executable) -> None:
         """Keep ``executable`` for ``key``, releasing the least recently used ones beyond ``max_executables()``."""
         self._items[key] = executable
-        _ORDER[(id(self), key)] = self
-        _ORDER.move_to_end((id(self), key))
+        _ORDER[(self, key)] = None
+        _ORDER.move_to_end((self, key))
         while len(_ORDER) > max_executables():
             release_oldest()
 
     def clear(self) -> None:
         """Release every executable of this cache."""
         for key in self._items:
-            _ORDER.pop((id(self), key), None)
+            _ORDER.pop((self, key), None)
         self._items.clear()
 
     def __contains__(self, key: Hashable) -> bool:
@@ -88,10 +88,6 @@ class ExecutableCache:
 
     def __len__(self) -> int:
         return len(self._items)
-
-    def __del__(self):
-        for key in list(self._items):
-            _ORDER.pop((id(self), key), None)
 
 
 def kept() -> int:
@@ -103,7 +99,7 @@ def release_oldest() -> bool:
     """Release the least recently used executable of any ``Program``; False when none is kept."""
     if not _ORDER:
         return False
-    (_, key), cache = _ORDER.popitem(last=False)
+    (cache, key), _ = _ORDER.popitem(last=False)
     cache._items.pop(key, None)
     return True
 
