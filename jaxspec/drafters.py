@@ -9,7 +9,13 @@ passed in as the traced ``params``):
   * ``prefill(params, prompt [B, T], positions [B, T], state)`` -> state, after the prompt;
   * ``draft(params, state, tokens [B, S], length [B], sampling, keys [B, γ], vocab_size)`` -> ``Proposal``:
     γ draft tokens per row, the distribution q each was drawn from (one-hot for a deterministic drafter), the
-    new state and a per-row flag for non-finite logits.
+    new state, a per-row flag for non-finite logits and, optionally, which rows have anything to propose.
+
+Abstaining: a drafter may set ``Proposal.proposed`` (``[B] bool``). When no running row proposes, the loop skips
+verification and runs a plain round instead (one target pass over one token, costing one step instead of a verify
+pass over γ+1 tokens), so a drafter with nothing to offer costs nothing; when some row proposes, every row is
+verified as usual. A drafter that may abstain must cope with rounds it took no part in (rows that grew by one
+token since its last proposal); prompt lookup, stateless, does.
 
 Catching up after acceptance is the drafter's own business: ``draft`` sees each row's verified tokens and
 ``length``; the model drafter re-feeds the two newest tokens, so its cache is right after a rejection and after
@@ -18,7 +24,7 @@ head, self-speculation with the target's own early layers) plugs in by implement
 
 Prompt lookup (n-gram) drafting: find the most recent earlier occurrence of the row's last ``n`` tokens in its
 own prompt and output (largest ``n`` from ``max_ngram`` down to ``min_ngram`` that matches) and propose the γ
-tokens that followed it. The proposal is deterministic, so its distribution q is one-hot and the exact rejection
+tokens that followed it; a row without a match abstains (above). The proposal is deterministic, so its distribution q is one-hot and the exact rejection
 sampler applies unchanged: a draft token d is accepted with probability p(d) (greedy: iff it is the argmax), and
 a rejection is corrected from p with d removed. It costs no model pass and shines where outputs repeat their
 context (editing, extraction, code).
@@ -44,12 +50,15 @@ class Proposal(NamedTuple):
       q: ``[B, γ, V] float32`` the distribution each draft token was drawn from (warped like the target's).
       state: the drafter's state after drafting.
       bad: ``[B] bool``: non-finite logits in a drafting step (always False for drafters without a model).
+      proposed: ``[B] bool``: rows with a real proposal; None (the default): every row. When no running row
+        proposes, the loop runs a plain round instead of verifying (the module docstring).
     """
 
     tokens: jax.Array
     q: jax.Array
     state: Any
     bad: jax.Array
+    proposed: jax.Array | None = None
 
 
 class Drafter:
@@ -149,12 +158,17 @@ class PromptLookup(Drafter):
 
     Attributes:
       max_ngram, min_ngram: the longest and shortest suffix length tried (``1 <= min_ngram <= max_ngram``, else
-        ``ValueError`` at construction).
+        ``ValueError`` at construction). A one-token match (``min_ngram=1``) is found almost always and rarely
+        right, so the default shortest is 2.
+      abstain: rows without a match propose nothing (``Proposal.proposed``), and a round in which no row has a
+        match is a plain step instead of a verify pass over γ+1 tokens. False: such rows propose their last token
+        repeated and every round verifies (as before abstaining existed; kept for comparisons).
       name: the drafter's name in messages (as ``CausalLM.name`` is a model's).
     """
 
     max_ngram: int = 3
-    min_ngram: int = 1
+    min_ngram: int = 2
+    abstain: bool = True
     name: str = "prompt_lookup"
 
     def __post_init__(self):
@@ -164,6 +178,8 @@ class PromptLookup(Drafter):
                 raise ValueError(f"PromptLookup({field}=...) must be an int >= 1, got {value!r}")
         if self.min_ngram > self.max_ngram:
             raise ValueError(f"PromptLookup: min_ngram ({self.min_ngram}) > max_ngram ({self.max_ngram})")
+        if not isinstance(self.abstain, bool):
+            raise ValueError(f"PromptLookup(abstain=...) must be a bool, got {self.abstain!r}")
 
     def propose(self, tokens: jax.Array, length: jax.Array, gamma: int) -> jax.Array:
         """``tokens [B, S]`` with ``length [B]`` valid tokens per row -> ``drafts [B, γ]`` (``tokens.dtype``).
@@ -171,6 +187,10 @@ class PromptLookup(Drafter):
         Rows with no match propose their last token repeated. A copied continuation that runs into the row's
         end repeats the copied segment (so periodic text keeps being predicted).
         """
+        return self.lookup(tokens, length, gamma)[0]
+
+    def lookup(self, tokens: jax.Array, length: jax.Array, gamma: int) -> tuple[jax.Array, jax.Array]:
+        """``(drafts [B, γ], found [B] bool)``: ``propose``'s drafts and which rows had a match."""
         batch, size = tokens.shape
         slots = jnp.arange(size, dtype=jnp.int32)
         best_start = jnp.full((batch,), -1, jnp.int32)  # first token after the chosen match, -1 = none yet
@@ -190,13 +210,14 @@ class PromptLookup(Drafter):
         period = jnp.maximum(length - best_start, 1)[:, None]
         idx = best_start[:, None] + offsets % period
         idx = jnp.where(best_start[:, None] >= 0, idx, length[:, None] - 1)
-        return jnp.take_along_axis(tokens, jnp.clip(idx, 0, size - 1), axis=1)
+        return jnp.take_along_axis(tokens, jnp.clip(idx, 0, size - 1), axis=1), best_start >= 0
 
     def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
-        """``propose``'s γ tokens with a one-hot q (a deterministic proposal)."""
-        drafts = self.propose(tokens, length, keys.shape[1])
+        """``lookup``'s γ tokens with a one-hot q (a deterministic proposal); with ``abstain``, rows without a
+        match are marked as proposing nothing."""
+        drafts, found = self.lookup(tokens, length, keys.shape[1])
         q = jax.nn.one_hot(drafts, vocab_size, dtype=jnp.float32)
-        return Proposal(drafts, q, state, jnp.zeros((tokens.shape[0],), bool))
+        return Proposal(drafts, q, state, jnp.zeros((tokens.shape[0],), bool), found if self.abstain else None)
 
 
 def as_drafter(draft):

@@ -80,7 +80,7 @@ class EngineStats:
         prefill and decode parts.
       compile_time_s: compilation during the run (0 when every program was compiled before).
       refills: prefill-and-insert calls; syncs: decode calls (each ends in one small host read).
-      drafted, accepted: draft tokens proposed / accepted over every row.
+      drafted, accepted: draft tokens verified / accepted over every row (verify rounds only).
       policy: with ``gamma="auto"``, the decision (``jaxspec.policy.Decision.as_dict()``); else None.
     """
 

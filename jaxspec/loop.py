@@ -90,18 +90,15 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
 
     A running row appends its ``n`` accepted drafts and one corrected/bonus token, cut after the first EOS and at
     ``max_new`` and ``cache_len``, with their log-probs; ``finish`` and the counters follow. Rows already done keep
-    every field but the caches (the passes still run over them: they re-feed their last tokens, or hit stale slots)."""
-    gamma, size = spec.gamma, spec.cache_len
-    batch = state.tokens.shape[0]
-    rows = jnp.arange(batch)
-    active = ~state.done
-    pos_last = state.length - 1
-    last = state.tokens[rows, pos_last]
+    every field but the caches (the passes still run over them: they re-feed their last tokens, or hit stale slots).
 
+    When the drafter marks which rows propose (``Proposal.proposed``) and no running row does, the round is a plain
+    step instead (``lax.cond``): one target pass over ``[last]``, one token per row, no drafts counted."""
+    gamma = spec.gamma
     round_keys = jax.vmap(lambda k, r: jax.random.split(jax.random.fold_in(k, r), gamma + 1))(
         state.row_keys, state.rounds
     )
-    drafts, q, draft_state, bad_draft = spec.drafter.draft(
+    proposal = spec.drafter.draft(
         draft_params,
         state.draft_state,
         state.tokens,
@@ -110,6 +107,28 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
         round_keys[:, :gamma],
         spec.vocab_size,
     )
+    if gamma == 0 or proposal.proposed is None:
+        return _verify(spec, target_params, state, proposal, round_keys)
+    plain = proposal._replace(tokens=proposal.tokens[:, :0], q=proposal.q[:, :0])
+    return jax.lax.cond(
+        jnp.any(~state.done & proposal.proposed),
+        lambda s: _verify(spec, target_params, s, proposal, round_keys),
+        lambda s: _verify(spec, target_params, s, plain, round_keys),
+        state,
+    )
+
+
+def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys) -> State:
+    """The rest of a round: the target pass over ``[last, proposal's drafts]`` (no drafts: a plain step), the
+    rejection sampler, the emitted tokens and the counters (drafts and the accept histogram only for a round that
+    verified all γ drafts, or for plain decoding's rounds)."""
+    gamma, size = proposal.tokens.shape[1], spec.cache_len
+    batch = state.tokens.shape[0]
+    rows = jnp.arange(batch)
+    active = ~state.done
+    pos_last = state.length - 1
+    last = state.tokens[rows, pos_last]
+    drafts, q, draft_state, bad_draft = proposal.tokens, proposal.q, proposal.state, proposal.bad
 
     verify_tokens = jnp.concatenate([last[:, None], drafts], axis=1)
     offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
@@ -118,7 +137,7 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     )
     logits = logits.astype(jnp.float32)
     p = warp(logits, state.sampling)
-    n, nxt = spec.acceptance(round_keys[:, gamma], drafts, q, p)
+    n, nxt = spec.acceptance(round_keys[:, spec.gamma], drafts, q, p)
 
     # Emitted tokens: d_1..d_n then the correction/bonus token.
     cand = jnp.where(offsets[None] < n[:, None], jnp.concatenate([drafts, nxt[:, None]], axis=1), nxt[:, None])
@@ -163,7 +182,8 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
         rounds=state.rounds + active_i,
         drafted=state.drafted + gamma * active_i,
         accepted=state.accepted + n * active_i,
-        accept_hist=state.accept_hist + active_i[:, None] * jax.nn.one_hot(n, gamma + 1, dtype=jnp.int32),
+        accept_hist=state.accept_hist
+        + (active_i[:, None] * jax.nn.one_hot(n, gamma + 1, dtype=jnp.int32) if gamma == spec.gamma else 0),
         bad_target=bad_target,
         bad_draft=state.bad_draft | (active & bad_draft),
         target_cache=target_cache,

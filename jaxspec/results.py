@@ -37,7 +37,7 @@ class _Counts:
     rounds: int  # target forward passes after prefill (summed over rows for a call)
     drafted: int
     accepted: int
-    accept_hist: tuple[int, ...]  # accept_hist[n] = rounds in which exactly n drafts were accepted; length γ+1
+    accept_hist: tuple[int, ...]  # accept_hist[n] = verify rounds in which exactly n drafts were accepted; length γ+1
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -62,9 +62,12 @@ class RowStats(_Counts):
 
     Attributes:
       generated_tokens: tokens generated for this prompt (prompt excluded).
-      rounds: target verify passes this row took part in after prefill.
-      drafted, accepted: draft tokens proposed / accepted for this row (0 for plain decoding).
-      accept_hist: ``accept_hist[n]`` = this row's rounds in which exactly n drafts were accepted (length γ+1).
+      rounds: target passes this row took part in after prefill: verify rounds, plus the plain steps taken when
+        an abstaining drafter (prompt lookup) had nothing to propose for any row.
+      drafted, accepted: draft tokens verified / accepted for this row (0 for plain decoding).
+      accept_hist: ``accept_hist[n]`` = this row's verify rounds in which exactly n drafts were accepted (length
+        γ+1; for plain decoding, every round in ``accept_hist[0]``). ``rounds - sum(accept_hist)`` is the number
+        of plain steps taken while the drafter abstained.
       finish_reason: ``"eos"`` | ``"length"`` (``max_new_tokens``) | ``"cache"`` (end of the KV cache).
     """
 

@@ -434,3 +434,15 @@ def test_convert_errors(tmp_path, capsys):
     assert cli.main(["convert", str(FIXTURES / "llama_gqa"), str(full), "--to", "hf"]) == 2
     assert "not an empty directory" in one_error_line(capsys.readouterr().err)
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
+
+
+def test_accept_lengths_count_abstained_rounds_as_one():
+    """A record's accept_lengths come from the verify rounds' histogram; the plain steps prompt lookup takes when
+    it has no match (rounds the histogram lacks) count one token each, so the lengths still sum to rounds +
+    accepted."""
+    hist, accepted = (2, 1, 0, 3), 1 * 1 + 3 * 3
+    assert cli.accept_lengths(hist) == [1, 1, 2, 4, 4, 4]
+    lengths = cli.accept_lengths(hist, rounds=9)
+    assert lengths == [1, 1, 1, 1, 1, 2, 4, 4, 4]
+    assert len(lengths) == 9 and sum(lengths) == 9 + accepted
+    assert cli.accept_lengths(hist, rounds=6) == cli.accept_lengths(hist)  # nothing abstained

@@ -35,8 +35,15 @@ def test_proposals_match_reference(max_n, min_n):
     tokens = rng.integers(0, 4, (64, size)).astype(np.int32)  # 4 symbols: matches of every length happen
     lengths = rng.integers(1, size + 1, 64).astype(np.int32)
     got = np.asarray(lookup.propose(tokens, lengths, gamma))
+    drafts, found = (np.asarray(x) for x in lookup.lookup(tokens, lengths, gamma))
+    np.testing.assert_array_equal(drafts, got)
     for b in range(64):
         assert got[b].tolist() == reference_propose(tokens[b].tolist(), int(lengths[b]), gamma, max_n, min_n), b
+        row = tokens[b, : lengths[b]].tolist()
+        windows = {tuple(row[j : j + n]) for n in range(min_n, max_n + 1) for j in range(len(row) - n)}
+        has_match = any(len(row) > n and tuple(row[-n:]) in windows for n in range(min_n, max_n + 1))
+        assert bool(found[b]) == has_match, b
+    assert 0 < found.sum() < 64  # both cases occur
 
 
 def test_bad_drafter_arguments(target):
@@ -44,6 +51,8 @@ def test_bad_drafter_arguments(target):
         PromptLookup(max_ngram=0)
     with pytest.raises(ValueError, match="min_ngram \\(3\\) > max_ngram \\(2\\)"):
         PromptLookup(max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError, match="abstain"):
+        PromptLookup(abstain="yes")
     with count_compiles() as counts:
         with pytest.raises(TypeError, match="draft must be a jaxspec.CausalLM, 'prompt_lookup'"):
             jaxspec.generate(target, [[1, 2]], draft="prompt-lookup")
@@ -61,6 +70,34 @@ def test_lookup_beats_a_random_draft_on_repetitive_text(target, small_draft):
     assert lookup.tokens == jaxspec.generate(target, prompts, **kw).tokens
     assert lookup.stats.acceptance_rate > max(0.05, 10 * model.stats.acceptance_rate)
     assert lookup.stats.tokens_per_round > 1.3 > model.stats.tokens_per_round
+
+
+def test_lookup_abstains_where_it_finds_no_ngram(target):
+    """Without a match a row proposes nothing; a round in which no row proposes is a plain step (one target
+    pass over one token), counted in ``rounds`` but not in ``drafted`` or the histogram. Output is unchanged, and
+    the drafter that verifies its fallback proposals instead (``abstain=False``) is the negative control: every
+    one of its rounds verifies."""
+    rng = np.random.default_rng(2)
+    prompts = [rng.permutation(VOCAB)[:8].tolist(), np.tile(rng.integers(0, VOCAB, 5), 3).tolist()]
+    kw = dict(max_new_tokens=24, temperature=0.0, gamma=3)
+    plain = jaxspec.generate(target, prompts, **kw)
+    for batch in ([prompts[0]], prompts):
+        runs = {
+            abstain: jaxspec.generate(target, batch, draft=PromptLookup(3, 2, abstain=abstain), **kw)
+            for abstain in (True, False)
+        }
+        for run in runs.values():
+            assert run.tokens == plain.tokens[: len(batch)]
+        verified = {abstain: sum(sum(row.accept_hist) for row in run.stats.rows) for abstain, run in runs.items()}
+        assert verified[False] == runs[False].stats.rounds  # the control: every round verified
+        assert runs[False].stats.drafted == 3 * verified[False]
+        assert 0 < verified[True] < runs[True].stats.rounds  # plain steps where no row had a match
+        assert runs[True].stats.drafted == 3 * verified[True]
+        # the repeating prompt matches from its first round, so in the batch of both every round verifies
+        # wherever row 1 is running; alone, the non-repeating prompt abstains more often
+    alone = jaxspec.generate(target, [prompts[0]], draft=PromptLookup(3, 2), **kw).stats
+    both = jaxspec.generate(target, prompts, draft=PromptLookup(3, 2), **kw).stats.rows[0]
+    assert sum(alone.accept_hist) / alone.rounds < sum(both.accept_hist) / both.rounds
 
 
 # --------------------------------------------------------------------------------------------- the protocol

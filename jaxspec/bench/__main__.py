@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--humaneval-modes",
         type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
         default=["plain", "fixed", "auto", "lookup"],
-        help="--humaneval: modes to interleave, from plain,fixed,auto,lookup (plain always runs)",
+        help="--humaneval: modes to interleave, from plain,fixed,auto,lookup,lookup-all (plain always runs; "
+        "lookup-all: prompt lookup verifying every round, with one-token matches, as before lookup abstained)",
     )
     p.add_argument("--prompts-out", metavar="JSONL", help="--humaneval: write the prompt ids (for transformers)")
     p.add_argument("--target", help="--humaneval: another target (default smollm2-135m-instruct)")
@@ -270,9 +271,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
     if args.gamma < 1:
         p.error("--gamma must be >= 1")
-    bad = set(args.humaneval_modes) - {"plain", "fixed", "auto", "lookup"}
+    bad = set(args.humaneval_modes) - {"plain", "fixed", "auto", "lookup", "lookup-all"}
     if bad:
-        p.error(f"--humaneval-modes: unknown {sorted(bad)}; choose from plain,fixed,auto,lookup")
+        p.error(f"--humaneval-modes: unknown {sorted(bad)}; choose from plain,fixed,auto,lookup,lookup-all")
     if args.mesh is not None:
         args.mode = "mesh"
     return args

@@ -4,7 +4,8 @@ Each problem's prompt goes through the target's chat template as one user turn (
 of ``--temperatures`` and batch size of ``--batches``, the prompts run in calls of B rows and every call is made in
 each mode, modes interleaved call by call: plain decoding, the draft at fixed γ = ``--gamma``, the draft with
 ``gamma="auto"`` (one policy for the run) and prompt lookup at γ (``--humaneval-modes`` picks a subset; plain always
-runs). A warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included). Reported per
+runs; ``lookup-all``, only when asked, is prompt lookup as it was before it abstained: one-token matches, every
+round verified). A warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included). Reported per
 (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation excluded) and
 the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed between calls; a
 round's cost in plain steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
@@ -31,7 +32,7 @@ from jaxspec.policy import AutoGamma
 
 TARGET, DRAFT = "smollm2-135m-instruct", "jaxspec/smollm2-draft"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
-MODES = ("plain", "fixed", "auto", "lookup")
+MODES = ("plain", "fixed", "auto", "lookup", "lookup-all")  # lookup-all runs only when asked (--humaneval-modes)
 
 
 def load_problems(limit: int | None = None) -> list[dict]:
@@ -58,6 +59,8 @@ def _kwargs(mode: str, draft, gamma: int, policy) -> dict:
         "fixed": dict(draft=draft, gamma=gamma),
         "auto": dict(draft=draft, gamma="auto", policy=policy),
         "lookup": dict(draft="prompt_lookup", gamma=gamma),
+        # the drafter before abstaining: one-token matches, every round verified
+        "lookup-all": dict(draft=jaxspec.PromptLookup(3, 1, abstain=False), gamma=gamma),
     }[mode]
 
 
@@ -70,7 +73,7 @@ def run(args) -> dict:
     jax.block_until_ready(target.params)
     load_s = time.perf_counter() - start
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
-    modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", MODES)]
+    modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", MODES[:-1])]
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -98,7 +101,7 @@ def run(args) -> dict:
     }
     print(f"target loaded (GGUF dequantized, placed) in {load_s:.1f} s", flush=True)
     header = (
-        f"{'temp':>6} | {'batch':>5} | {'mode':>6} | {'α':>5} | {'τ':>5} | {'tok/s':>6} | {'vs plain':>8} | "
+        f"{'temp':>6} | {'batch':>5} | {'mode':>10} | {'α':>5} | {'τ':>5} | {'tok/s':>6} | {'vs plain':>8} | "
         f"{'round':>5} | {'bound':>5}"
     )
     print(header + "\n" + "-" * len(header), flush=True)
@@ -179,7 +182,7 @@ def run(args) -> dict:
                 b = "-" if bound is None else f"{bound:.2f}"
                 extra = f"  (chose {', '.join(f'{k} ×{n}' for k, n in sorted(choices.items()))})" if m == "auto" else ""
                 print(
-                    f"{temp:>6g} | {batch:>5} | {m:>6} | {a:>5} | {tau:>5.2f} | {tps:>6.1f} | "
+                    f"{temp:>6g} | {batch:>5} | {m:>10} | {a:>5} | {tau:>5.2f} | {tps:>6.1f} | "
                     f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}",
                     flush=True,
                 )

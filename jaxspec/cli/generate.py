@@ -34,8 +34,9 @@ Batch:  jaxspec generate --input prompts.jsonl --output out.jsonl [--batch-size 
     wall_time: the row's share of the job's device time (compilation excluded): each decode stretch's time split
       over the rows by the tokens they generated in it, each prefill's over the rows it inserted; so a
       category's tokens ÷ wall time is its throughput.
-    accept_lengths: accepted drafts + 1 for each round, rebuilt from the row's accept-length histogram: the
-      round order is not preserved (ascending), and the prefill's first token is not a round.
+    accept_lengths: accepted drafts + 1 for each round, rebuilt from the row's accept-length histogram (a plain
+      step taken while prompt lookup had no match counts 1): the round order is not preserved (ascending), and
+      the prefill's first token is not a round.
   Resuming: ids already in --output are skipped, so a killed job rerun with the same arguments ends with every
   id exactly once; a partial last line left by a crash is removed (and reported) before appending.
   At the end a per-category table goes to stdout: rows, tokens, α, τ, tokens/s and the speed-up (measured

@@ -10,9 +10,12 @@ from jaxspec.jsonl import Row
 from jaxspec.policy.cost import position_counts
 
 
-def accept_lengths(hist) -> list[int]:
-    """Accepted drafts + 1 per round, from a histogram (``hist[n]`` rounds accepted exactly n): ascending order."""
-    return [n + 1 for n, count in enumerate(hist) for _ in range(int(count))]
+def accept_lengths(hist, rounds: int | None = None) -> list[int]:
+    """Accepted drafts + 1 per round, from a histogram (``hist[n]`` verify rounds accepted exactly n): ascending
+    order. With ``rounds`` (all target passes), the rounds the histogram lacks (plain steps taken while the drafter
+    abstained) count as 1 each."""
+    skipped = 0 if rounds is None else max(int(rounds) - sum(int(c) for c in hist), 0)
+    return [1] * skipped + [n + 1 for n, count in enumerate(hist) for _ in range(int(count))]
 
 
 def make_record(row: Row, result, gamma: int, plain: tuple[float, int] | None = None) -> dict:
@@ -21,7 +24,7 @@ def make_record(row: Row, result, gamma: int, plain: tuple[float, int] | None = 
     (its plain run's time share, its plain new tokens). The fields are listed in ``jaxspec generate --help``;
     ``choices`` is the entry Spec-Bench's ``speed.py`` reads."""
     rs = result.stats
-    lengths = accept_lengths(rs.accept_hist)
+    lengths = accept_lengths(rs.accept_hist, rs.rounds)
     text = result.text
     wall = result.wall_time_s
     rec = {
