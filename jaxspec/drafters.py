@@ -22,12 +22,12 @@ Catching up after acceptance is the drafter's own business: ``draft`` sees each 
 a bonus token alike. The loop (``jaxspec.loop``) never asks which drafter it has, so a new one (an EAGLE-style
 head, self-speculation with the target's own early layers) plugs in by implementing these three methods.
 
-Prompt lookup (n-gram) drafting: find the most recent earlier occurrence of the row's last ``n`` tokens in its
-own prompt and output (largest ``n`` from ``max_ngram`` down to ``min_ngram`` that matches) and propose the γ
-tokens that followed it; a row without a match abstains (above). The proposal is deterministic, so its distribution q is one-hot and the exact rejection
-sampler applies unchanged: a draft token d is accepted with probability p(d) (greedy: iff it is the argmax), and
-a rejection is corrected from p with d removed. It costs no model pass and shines where outputs repeat their
-context (editing, extraction, code).
+Prompt lookup (n-gram) drafting: find the most recent earlier occurrence of the row's last ``n`` tokens in its own
+prompt and output (largest ``n`` from ``max_ngram`` down to ``min_ngram`` that matches) and propose the γ tokens
+that followed it; a row without a match abstains (above). The proposal is deterministic, so its distribution q is
+one-hot and the exact rejection sampler applies unchanged: a draft token d is accepted with probability p(d)
+(greedy: iff it is the argmax), and a rejection is corrected from p with d removed. It costs no model pass and
+shines where outputs repeat their context (editing, extraction, code).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ of ``--temperatures`` and batch size of ``--batches``, the prompts run in calls 
 each mode, modes interleaved call by call: plain decoding, the draft at fixed γ = ``--gamma``, the draft with
 ``gamma="auto"`` (one policy for the run) and prompt lookup at γ (``--humaneval-modes`` picks a subset; plain always
 runs; ``lookup-all``, only when asked, is prompt lookup as it was before it abstained: one-token matches, every
-round verified). A warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included). Reported per
-(temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation excluded) and
-the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed between calls; a
-round's cost in plain steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
+round verified). A warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included).
+Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
+excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
+between calls; a round's cost in plain steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
 
 Prompt ids are written with ``--prompts-out`` so transformers can be timed on the very same ids
 (``scripts/bench_transformers.py``).

@@ -10,7 +10,8 @@ Three workloads, each built from every held-out prompt of ``checkpoints/heldout_
                   certain.
 
 Each prompt is generated at batch 1 by plain decoding, by the draft model and by prompt lookup (both at γ =
-``--gamma``) and by prompt lookup with ``gamma="auto"`` (one policy for the whole run, so it learns the
+``--gamma``), by prompt lookup as it was before it abstained (``lookup, all``: one-token matches, every round
+verified) and by prompt lookup with ``gamma="auto"`` (one policy for the whole run, so it learns the
 workload's α), interleaved, ``--repeats`` times after a warm-up, at the first of ``--temperatures``.
 Reported per workload and drafter: α (accepted ÷ drafted), τ (tokens per target pass), tokens/s (total tokens
 ÷ total device time) and the ratio to plain decoding in the same run.
@@ -51,7 +52,9 @@ def run(args) -> dict:
         "plain": {},
         "draft model": dict(draft=draft, gamma=args.gamma),
         "prompt lookup": dict(draft="prompt_lookup", gamma=args.gamma),
-        "lookup, auto": dict(draft="prompt_lookup", gamma="auto", policy=policy),
+        # as before lookup abstained: one-token matches, every round verified
+        "lookup, all": dict(draft=jaxspec.PromptLookup(3, 1, abstain=False), gamma=args.gamma),
+        "lookup, auto": dict(draft="prompt_lookup", gamma="auto", policy=policy),  # last: auto_choices below
     }
     print(
         f"lookup: shipped pair ({TARGET} + {draft_name(args)}), {len(prompts)} held-out prompts per workload, "
