@@ -76,6 +76,18 @@ def test_auto_gamma_on_a_mesh(target, small_draft, prompts, reference):
     assert policy.observed_rounds(target, small_draft, batch, cache) == {}
 
 
+def test_prompt_lookup_abstaining_on_a_mesh(target, prompts):
+    """Prompt lookup's choice between a verify round and a plain step is one decision for the whole batch: on a
+    2x4 mesh (rows split over data) tokens and every counter equal one device's, and both kinds of round ran."""
+    kw = dict(draft="prompt_lookup", gamma=3, max_new_tokens=[9, 14, 5, 12, 10], eos_token_id=7, temperature=0.0)
+    one = jaxspec.generate(target, prompts, **kw)
+    mesh = jaxspec.generate(target, prompts, mesh={"data": 2, "model": 4}, **kw)
+    assert mesh.tokens == one.tokens
+    assert [r.rounds for r in mesh.stats.rows] == [r.rounds for r in one.stats.rows]
+    assert [r.accept_hist for r in mesh.stats.rows] == [r.accept_hist for r in one.stats.rows]
+    assert 0 < sum(one.stats.accept_hist) < one.stats.rounds
+
+
 def test_sharded_draft_plain_decoding_and_stream(target, small_draft, prompts, reference):
     mesh = {"data": 2, "model": 4}
     kw = dict(max_new_tokens=[9, 14, 5, 12, 10], eos_token_id=7, temperature=0.0, mesh=mesh)
