@@ -29,8 +29,9 @@ from jaxspec import families
 from jaxspec.models import llama
 
 
-def _median_ms(fn, *args, n=30):
-    jax.block_until_ready(fn(*args))
+def _median_ms(fn, *args, n=30, warmup=1):
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
     times = []
     for _ in range(n):
         t0 = time.perf_counter()

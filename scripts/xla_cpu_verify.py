@@ -22,25 +22,19 @@ import glob
 import gzip
 import json
 import re
-import statistics
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
+from xla_cpu_step import _median_ms  # scripts/ is on the path when run as a script
 
 import jaxspec
 
 
 def median_ms(fn, *args, reps: int = 20) -> float:
-    for _ in range(8):  # compile and settle (a fresh executable's first calls run slow on this CPU)
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    """Median ms of ``fn(*args)`` after 8 untimed calls (compile and settle: a fresh executable's first calls run
+    slow on this CPU)."""
+    return _median_ms(fn, *args, n=reps, warmup=8)
 
 
 def thunk_profile(fn, *args, calls: int = 10) -> dict:
