@@ -22,6 +22,7 @@ cheap (accelerators' executables live on the device) or ``/proc`` is absent, onl
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
 from collections.abc import Hashable
 from typing import Any
@@ -120,3 +121,14 @@ def release_all() -> None:
     while release_oldest():
         pass
     jax.clear_caches()
+
+
+def compile_lowered(lowered: dict) -> dict:
+    """``{key: executable}`` for ``{key: jax Lowered}``, after ``make_room()``, compiled on parallel threads (XLA
+    compiles without holding Python's lock, so on several cores this takes about as long as the slowest one)."""
+    if not lowered:
+        return {}
+    make_room()
+    workers = max(1, min(len(lowered), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(lowered, pool.map(lambda lw: lw.compile(), lowered.values())))

@@ -13,10 +13,8 @@ accepted drafts plus one corrected/bonus token, truncated at EOS, ``max_new_toke
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
-import os
 import time
 
 import jax
@@ -295,10 +293,8 @@ class Program:
                 todo[key] = self.lower(spec, *args)  # tracing and lowering hold the lock: done here, in turn
         if not todo:
             return 0.0
-        executables.make_room()
         start = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-            compiled = dict(zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())))
+        compiled = executables.compile_lowered(todo)
         for key, executable in compiled.items():
             self._executables.put(key, executable)
         self.compiles += len(compiled)

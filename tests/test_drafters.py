@@ -81,23 +81,23 @@ def test_lookup_abstains_where_it_finds_no_ngram(target):
     prompts = [rng.permutation(VOCAB)[:8].tolist(), np.tile(rng.integers(0, VOCAB, 5), 3).tolist()]
     kw = dict(max_new_tokens=24, temperature=0.0, gamma=3)
     plain = jaxspec.generate(target, prompts, **kw)
+    runs = {}
     for batch in ([prompts[0]], prompts):
-        runs = {
+        runs[len(batch)] = by_abstain = {
             abstain: jaxspec.generate(target, batch, draft=PromptLookup(3, 2, abstain=abstain), **kw)
             for abstain in (True, False)
         }
-        for run in runs.values():
+        for run in by_abstain.values():
             assert run.tokens == plain.tokens[: len(batch)]
-        verified = {abstain: sum(sum(row.accept_hist) for row in run.stats.rows) for abstain, run in runs.items()}
-        assert verified[False] == runs[False].stats.rounds  # the control: every round verified
-        assert runs[False].stats.drafted == 3 * verified[False]
-        assert 0 < verified[True] < runs[True].stats.rounds  # plain steps where no row had a match
-        assert runs[True].stats.drafted == 3 * verified[True]
-        # the repeating prompt matches from its first round, so in the batch of both every round verifies
-        # wherever row 1 is running; alone, the non-repeating prompt abstains more often
-    alone = jaxspec.generate(target, [prompts[0]], draft=PromptLookup(3, 2), **kw).stats
-    both = jaxspec.generate(target, prompts, draft=PromptLookup(3, 2), **kw).stats.rows[0]
-    assert sum(alone.accept_hist) / alone.rounds < sum(both.accept_hist) / both.rounds
+        verified = {a: sum(sum(row.accept_hist) for row in run.stats.rows) for a, run in by_abstain.items()}
+        assert verified[False] == by_abstain[False].stats.rounds  # the control: every round verified
+        assert by_abstain[False].stats.drafted == 3 * verified[False]
+        assert 0 < verified[True] < by_abstain[True].stats.rounds  # plain steps where no row had a match
+        assert by_abstain[True].stats.drafted == 3 * verified[True]
+    # the repeating prompt matches from its first round, so beside it the non-repeating prompt verifies in every
+    # round where the other is running; alone it abstains more often
+    alone, beside = runs[1][True].stats.rows[0], runs[2][True].stats.rows[0]
+    assert sum(alone.accept_hist) / alone.rounds < sum(beside.accept_hist) / beside.rounds
 
 
 # --------------------------------------------------------------------------------------------- the protocol

@@ -13,6 +13,8 @@ import jax
 
 import jaxspec.bench
 from jaxspec.bench import single
+from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
+from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
 from jaxspec.bench.pairs import PAIRS
 
 
@@ -179,9 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--humaneval-modes",
         type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
-        default=["plain", "fixed", "auto", "lookup"],
-        help="--humaneval: modes to interleave, from plain,fixed,auto,lookup,lookup-all (plain always runs; "
-        "lookup-all: prompt lookup verifying every round, with one-token matches, as before lookup abstained)",
+        default=list(HUMANEVAL_DEFAULT_MODES),
+        help=f"--humaneval: modes to interleave, from {','.join(HUMANEVAL_MODES)} (default "
+        f"{','.join(HUMANEVAL_DEFAULT_MODES)}; plain always runs; lookup-all: prompt lookup verifying every round, "
+        "with one-token matches, as before lookup abstained)",
     )
     p.add_argument("--prompts-out", metavar="JSONL", help="--humaneval: write the prompt ids (for transformers)")
     p.add_argument("--target", help="--humaneval: another target (default smollm2-135m-instruct)")
@@ -271,9 +274,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
     if args.gamma < 1:
         p.error("--gamma must be >= 1")
-    bad = set(args.humaneval_modes) - {"plain", "fixed", "auto", "lookup", "lookup-all"}
+    bad = set(args.humaneval_modes) - set(HUMANEVAL_MODES)
     if bad:
-        p.error(f"--humaneval-modes: unknown {sorted(bad)}; choose from plain,fixed,auto,lookup,lookup-all")
+        p.error(f"--humaneval-modes: unknown {sorted(bad)}; choose from {','.join(HUMANEVAL_MODES)}")
     if args.mesh is not None:
         args.mode = "mesh"
     return args

@@ -32,7 +32,8 @@ from jaxspec.policy import AutoGamma
 
 TARGET, DRAFT = "smollm2-135m-instruct", "jaxspec/smollm2-draft"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
-MODES = ("plain", "fixed", "auto", "lookup", "lookup-all")  # lookup-all runs only when asked (--humaneval-modes)
+DEFAULT_MODES = ("plain", "fixed", "auto", "lookup")
+MODES = (*DEFAULT_MODES, "lookup-all")  # lookup-all runs only when asked (--humaneval-modes)
 
 
 def load_problems(limit: int | None = None) -> list[dict]:
@@ -73,7 +74,7 @@ def run(args) -> dict:
     jax.block_until_ready(target.params)
     load_s = time.perf_counter() - start
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
-    modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", MODES[:-1])]
+    modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", DEFAULT_MODES)]
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:

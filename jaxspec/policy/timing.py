@@ -3,10 +3,8 @@ compiled generation loop, in seconds, and the ``Costs`` of a model pair built fr
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import math
-import os
 import statistics
 import time
 
@@ -16,7 +14,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxspec import loop, sampling, sharding
+from jaxspec import executables, loop, sampling, sharding
 from jaxspec.policy.cost import Costs
 
 
@@ -32,11 +30,9 @@ def _step_args(model, batch: int, cache_len: int, tokens: int) -> tuple:
 
 
 def compile_all(lowered: dict) -> dict:
-    """``{key: executable}`` for ``{key: jax Lowered}``, compiled on parallel threads (XLA compiles without holding
-    Python's lock)."""
-    workers = max(1, min(len(lowered), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(lowered, pool.map(lambda lw: lw.compile(), lowered.values())))
+    """``{key: executable}`` for ``{key: jax Lowered}``, compiled on parallel threads
+    (``executables.compile_lowered``)."""
+    return executables.compile_lowered(lowered)
 
 
 def lower_steps(steps) -> dict:
