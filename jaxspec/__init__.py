@@ -5,7 +5,8 @@ Public API: ``CausalLM`` (the model contract), ``generate`` and ``stream`` (plai
 protocol; ``PromptLookup`` is one),
 ``models.llama`` (a built-in Llama-family decoder), ``load`` (jaxspec orbax checkpoints and Hugging Face
 safetensors directories), ``save`` (orbax) and ``export_hf``; ``sharding`` (meshes, ``shard``, ``plan``) and
-``multihost`` (``share_prompts``) for generation across devices and processes.
+``multihost`` (``share_prompts``) for generation across devices and processes; ``enable_compilation_cache`` (compiled
+programs kept on disk for later processes).
 """
 
 import os as _os
@@ -15,6 +16,7 @@ _os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from jaxspec import multihost, policy, sharding
 from jaxspec.checkpoint import load, save  # noqa: E402
+from jaxspec.compile_cache import enable_compilation_cache
 from jaxspec.distill import distill
 from jaxspec.drafters import Drafter, PromptLookup
 from jaxspec.engine import Engine, EngineStats, RowResult  # noqa: E402
@@ -39,6 +41,7 @@ __all__ = [
     "Stream",
     "StreamStep",
     "distill",
+    "enable_compilation_cache",
     "export_hf",
     "generate",
     "llama",

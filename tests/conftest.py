@@ -18,6 +18,10 @@ jax.config.update("jax_num_cpu_devices", 8)
 # split a worker that kept every program passed Linux's 65 530 maps ("LLVM compilation error: Cannot allocate
 # memory", then SIGSEGV). jaxspec.executables now bounds what is kept; see _bounded_memory_maps below.
 
+# The CLI turns JAX's persistent compilation cache on by default (jaxspec.compile_cache); in-process CLI tests must
+# not point every later compile of their worker at ~/.cache. test_compile_cache turns it on in subprocesses.
+os.environ["JAXSPEC_COMPILATION_CACHE"] = "off"
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from helpers import SMALL_DRAFT, VOCAB, tiny_config  # noqa: E402,F401  (tests import VOCAB/tiny_config from here)

@@ -97,6 +97,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="load both models in this dtype (default: a jaxspec checkpoint's own, float32 for HF)",
     )
+    g.add_argument(
+        "--compilation-cache",
+        metavar="DIR",
+        help="keep compiled programs in DIR so a later run's first call loads them instead of compiling; 'off' "
+        "disables it (default: $JAXSPEC_COMPILATION_CACHE, else ~/.cache/jaxspec/xla; jaxspec.compile_cache)",
+    )
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -242,8 +248,22 @@ def one_prompt(args: argparse.Namespace) -> int:
     return 0
 
 
+def compilation_cache(value: str | None):
+    """``--compilation-cache``: turn JAX's persistent compilation cache on (``enable_compilation_cache``) unless
+    ``value`` (or, without it, ``$JAXSPEC_COMPILATION_CACHE``) says off; returns its directory or None."""
+    from jaxspec.compile_cache import OFF, enable_compilation_cache
+
+    if value is not None and value.strip().lower() in OFF:
+        return None
+    try:
+        return enable_compilation_cache(value)
+    except ValueError as err:
+        raise CliError(f"--compilation-cache: {err}") from None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """``jaxspec generate``: the batch job with ``--input``, else one prompt; returns the exit code."""
+    compilation_cache(args.compilation_cache)
     if args.input is not None:
         return batch.run(args)
     if args.prompt is None:
