@@ -3,10 +3,10 @@
     python scripts/generate_distill_data.py --target smollm2-135m-instruct --prompts runs/smol/train_prompts.jsonl \
         --out runs/smol/train_data.jsonl --batch-size 32 --max-new-tokens 160 --chat
 
-Prompts are chat-formatted (``--chat``) and tokenized, sorted by length (fewer padded buckets), generated in
-batches with ``jaxspec.generate`` (plain decoding, ``--temperature``, default greedy) and appended to ``--out`` as
-``{"id", "prompt_ids", "output_ids", "temperature"}``, one line per prompt, flushed after every batch: a killed
-run resumes where it stopped.
+Prompts are chat-formatted (``--chat``) and tokenized, then decoded by ``jaxspec.Engine`` (continuous batching over
+``--batch-size`` slots, plain decoding, ``--temperature``, default greedy, EOS on) and appended to ``--out`` as
+``{"id", "prompt_ids", "output_ids", "temperature"}``, one line per prompt as soon as its row finishes, flushed:
+a killed run resumes where it stopped.
 """
 
 import argparse
@@ -51,37 +51,25 @@ def main():
             ids = target.tokenizer.encode(text)
         if len(ids) <= args.max_prompt_tokens:
             todo.append((rec["id"], ids))
-    todo.sort(key=lambda r: len(r[1]))
     print(f"{len(done)} done, {len(todo)} to generate", flush=True)
+    engine = jaxspec.Engine(
+        target,
+        slots=args.batch_size,
+        max_length=args.max_prompt_tokens + args.max_new_tokens,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+    )
+    requests = [{"prompt": ids, "id": rid, "seed": k} for k, (rid, ids) in enumerate(todo)]
     start, tokens = time.time(), 0
     with open(out, "a") as f:
-        for i in range(0, len(todo), args.batch_size):
-            batch = todo[i : i + args.batch_size]
-            res = jaxspec.generate(
-                target,
-                [ids for _, ids in batch],
-                max_new_tokens=args.max_new_tokens,
-                temperature=args.temperature,
-                seed=i,
-            )
-            for (rid, ids), toks in zip(batch, res.tokens):
-                f.write(
-                    json.dumps(
-                        {
-                            "id": rid,
-                            "prompt_ids": ids,
-                            "output_ids": [int(t) for t in toks],
-                            "temperature": args.temperature,
-                        }
-                    )
-                    + "\n"
-                )
-                tokens += len(toks)
+        for n, row in enumerate(engine.run(requests), 1):
+            rec = {"id": row.id, "prompt_ids": todo[row.index][1], "output_ids": [int(t) for t in row.tokens]}
+            f.write(json.dumps({**rec, "temperature": args.temperature}) + "\n")
             f.flush()
-            el = time.time() - start
-            print(
-                f"{i + len(batch)}/{len(todo)} prompts, {tokens} tokens, {el:.0f}s, {tokens / el:.1f} tok/s", flush=True
-            )
+            tokens += len(row.tokens)
+            if n % args.batch_size == 0 or n == len(todo):
+                el = time.time() - start
+                print(f"{n}/{len(todo)} prompts, {tokens} tokens, {el:.0f}s, {tokens / el:.1f} tok/s", flush=True)
 
 
 if __name__ == "__main__":
