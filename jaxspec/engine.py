@@ -466,5 +466,4 @@ class EngineRun:
             self.stats.accepted,
             self.stats.drafted,
             tuple(int(x) for x in np.sum(hists, axis=0)),
-            row_rounds=[r.rounds for r in row_stats],  # with the histograms: the share of passes that verified
         )

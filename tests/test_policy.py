@@ -153,54 +153,6 @@ def test_round_costs_by_hand():
     assert round_costs(Costs(c=0.1, v={2: 1.3}, prefill=0.0), (2,), {2: 0.5}) == pytest.approx({2: 1.5})
 
 
-def test_a_drafter_that_abstains_is_modelled_by_its_verify_rate():
-    """Prompt lookup abstains where it has no match: a pass then is a plain step (1 token, 1 step)."""
-    from jaxspec.policy import round_costs
-
-    # α = 0.5, γ = 4: τ = 1.9375, round 0.4 + 1.5 = 1.9. Half the passes verify: (0.5 τ + 0.5) tokens per
-    # (0.5 × 1.9 + 0.5) steps = 1.46875 / 1.45
-    assert expected_speedup(0.5, 4, 0.1, 1.5, 100, verify_rate=0.5) == pytest.approx(1.46875 / 1.45)
-    assert expected_speedup(0.5, 4, 0.1, 1.5, 100, verify_rate=1.0) == pytest.approx(1.9375 / 1.9)
-    # no pass verifies: plain decoding, whatever α and the round cost
-    assert expected_speedup(0.9, 4, 0.5, 3.0, 100, verify_rate=0.0) == pytest.approx(1.0)
-    # an observed loop's seconds per pass mix verify rounds and plain steps: 15 ms a pass at π = 0.5 with a
-    # 10 ms plain step is a verify round of 20 ms = 2.0 steps (the negative control, π = 1, takes 1.5)
-    costs = Costs(c=0.0, v={4: 1.5}, prefill=0.0, step_s=0.01)
-    assert round_costs(costs, (4,), {0: 0.01, 4: 0.015}, 0.5) == pytest.approx({4: 2.0})
-    assert round_costs(costs, (4,), {0: 0.01, 4: 0.015}, 1.0) == pytest.approx({4: 1.5})
-    # the other γ are scaled by the verify rounds' correction (2.0 / 1.5)
-    costs = Costs(c=0.0, v={2: 1.3, 4: 1.5}, prefill=0.0, step_s=0.01)
-    assert round_costs(costs, (2, 4), {4: 0.015}, 0.5) == pytest.approx({2: 1.3 * 2.0 / 1.5, 4: 2.0})
-    # almost never verifying: the observation says too little and the prediction stands
-    assert round_costs(costs, (2, 4), {4: 0.015}, 0.01) == pytest.approx({2: 1.3, 4: 1.5})
-
-
-def test_the_verify_rate_is_learned_from_calls(target, small_draft):
-    policy = AutoGamma(gammas=(2,), margin=0.0)  # always speculates (the tiny model's round costs 3.6 steps)
-    prompt = [[3, 4, 3, 4, 3, 5, 6, 7]]
-    res = jaxspec.generate(
-        target, prompt, draft="prompt_lookup", gamma="auto", policy=policy, max_new_tokens=16, temperature=0.0
-    )
-    assert res.stats.policy["verify_rate"] == 1.0  # nothing seen yet
-    assert res.stats.gamma == 2  # it speculated, so the call was observed
-    (counts,) = policy._acceptance.values()
-    rows = res.stats.rows
-    verified, passes = sum(sum(r.accept_hist) for r in rows), sum(r.rounds for r in rows)
-    assert 0 < verified < passes  # the lookup abstained in some passes and verified in others
-    assert counts.verify_rate() == pytest.approx(verified / passes)
-    again = jaxspec.generate(
-        target, prompt, draft="prompt_lookup", gamma="auto", policy=policy, max_new_tokens=16, temperature=0.0
-    )
-    assert again.stats.policy["verify_rate"] == pytest.approx(verified / passes)  # aging keeps the ratio
-    # a draft model verifies in every pass
-    model = AutoGamma(gammas=(2,), margin=0.0)
-    out = jaxspec.generate(
-        target, prompt, draft=small_draft, gamma="auto", policy=model, max_new_tokens=8, temperature=0.0
-    )
-    (counts,) = model._acceptance.values()
-    assert out.stats.gamma == 2 and counts.passes > 0 and counts.verify_rate() == 1.0
-
-
 def test_first_call_compiles_only_its_loop_and_later_calls_learn_its_rounds(target, small_draft):
     """gamma="auto" (calibrate="steps", the default) times standalone model steps only: a first call compiles the
     one loop it runs, and its r(γ) is γc + v(γ). The call's own loop is timed, so the next call of these shapes

@@ -11,10 +11,8 @@ plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.1
   * per greedy/sampled mode, an ``Acceptance``: acceptance by draft position, a_i = P(draft i accepted | drafts
     1..i−1 accepted), counted from the accept-length histograms of earlier calls with a Beta prior of
     ``prior_alpha`` weighing ``prior_drafts`` drafts (a position never reached yet borrows the estimate of the
-    one before), and the share of target passes that verified drafts (a drafter that abstains, prompt lookup
-    without a match, verifies in only some: ``cost.expected_speedup``'s π, 1 for a draft model). Every decision
-    multiplies the counts by 0.5 ** (1 / ``half_life``) (8 calls by default), so the estimate follows a changing
-    workload and the prior regains weight;
+    one before). Every decision multiplies the counts by 0.5 ** (1 / ``half_life``) (8 calls by default), so the
+    estimate follows a changing workload and the prior regains weight;
   * per mode and batch bucket, a ``BatchState``: the straggler factor s = passes × τ ÷ (longest row's tokens),
     summed over earlier calls (τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call), and the run of
     plain decisions. After ``explore_after`` plain decisions in a row (8), if speculation would pay at the
@@ -53,26 +51,17 @@ class Acceptance:
       drafted: drafted tokens.
       position_accepted: [i] rounds in which draft i + 1 was accepted.
       position_reached: [i] rounds that reached draft i + 1 (drafts 1..i accepted).
-      verified, passes: row-rounds that verified drafts, and all row-rounds (target passes), of the calls that
-        reported them: a drafter that abstains (prompt lookup) verifies in only some of them.
     """
 
     accepted: float = 0
     drafted: float = 0
     position_accepted: list = dataclasses.field(default_factory=list)
     position_reached: list = dataclasses.field(default_factory=list)
-    verified: float = 0
-    passes: float = 0
 
-    def add(self, accepted: int, drafted: int, accept_hist=(), passes: int = 0) -> None:
-        """Count a call: ``accept_hist[n]`` = rounds in which exactly n drafts were accepted; ``passes``: the
-        row-rounds of the call (0: not reported), of which ``sum(accept_hist)`` verified (counted only with a
-        histogram)."""
+    def add(self, accepted: int, drafted: int, accept_hist=()) -> None:
+        """Count a call: ``accept_hist[n]`` = rounds in which exactly n drafts were accepted."""
         self.accepted += accepted
         self.drafted += drafted
-        if passes and len(accept_hist):
-            self.passes += passes
-            self.verified += min(sum(accept_hist), passes)
         acc, reached = self.position_accepted, self.position_reached
         for i, (r, a) in enumerate(zip(*position_counts(accept_hist))):
             if i >= len(reached):
@@ -86,11 +75,6 @@ class Acceptance:
         self.accepted, self.drafted = self.accepted * keep, self.drafted * keep
         self.position_accepted = [x * keep for x in self.position_accepted]
         self.position_reached = [x * keep for x in self.position_reached]
-        self.verified, self.passes = self.verified * keep, self.passes * keep
-
-    def verify_rate(self) -> float:
-        """verified ÷ passes: the share of target passes that verified drafts (1 before any was reported)."""
-        return self.verified / self.passes if self.passes > 0 else 1.0
 
     def alpha(self, prior: float, weight: float) -> float:
         """accepted ÷ drafted with a Beta prior of mean ``prior`` and ``weight`` drafts."""
@@ -244,17 +228,15 @@ class AutoGamma:
         row_tokens=(),
         row_rounds=(),
     ) -> None:
-        """Record a call's counts; ``accept_hist[n]`` = rounds in which exactly n drafts were accepted (summed over
-        rows). ``row_rounds``: every row's rounds (target passes), from which, with the histogram, the share of
-        passes that verified (``Acceptance.verify_rate``). With ``batch`` (the compiled batch size), ``passes``
-        (the loop's verify passes) and the rows' generated tokens too, also the batch's straggler factor."""
+        """Record a call's counts; ``accept_hist[n]`` = rounds in which exactly n drafts were accepted. With
+        ``batch`` (the compiled batch size), ``passes`` (the loop's verify passes) and the rows' generated tokens
+        and rounds, also the batch's straggler factor."""
         if batch is not None and passes and sum(row_rounds) and max(row_tokens, default=0):
             tau = sum(row_tokens) / sum(row_rounds)
             state = self._batch(target, draft, greedy, batch)
             state.passes_tau += passes * tau
             state.longest_tokens += max(row_tokens)
-        counts = self._acceptance.setdefault(self._pair(target, draft, greedy), Acceptance())
-        counts.add(accepted, drafted, accept_hist, passes=sum(row_rounds))
+        self._acceptance.setdefault(self._pair(target, draft, greedy), Acceptance()).add(accepted, drafted, accept_hist)
 
     def set_alpha(self, target, draft, greedy: bool, alpha: float, drafts: int = 10_000) -> None:
         """Overwrite the running estimate with α at every position (tests, or a value known from elsewhere)."""
@@ -289,8 +271,7 @@ class AutoGamma:
         alpha, seen = self.alpha(target, draft, greedy)
         positions = self.position_acceptance(target, draft, greedy)
         observed = self.observed_rounds(target, draft, batch, cache_len, mesh_key)
-        rate = self._acceptance.get(self._pair(target, draft, greedy), Acceptance()).verify_rate()
-        rounds = round_costs(costs, self.gammas, observed, rate)
+        rounds = round_costs(costs, self.gammas, observed)
         straggler = self.straggler(target, draft, greedy, batch)
 
         def speedups(acceptance):
@@ -305,7 +286,6 @@ class AutoGamma:
                     rounds[g],
                     straggler,
                     target_prefill,
-                    rate,
                 )
                 for g in self.gammas
             }
@@ -350,7 +330,6 @@ class AutoGamma:
             reason,
             probe,
             {"target": target_prefill, "draft": draft_prefill},
-            rate,
         )
 
     @staticmethod

@@ -30,7 +30,6 @@ import dataclasses
 import numbers
 
 GAMMAS = (1, 2, 4, 6)  # the candidate γ of ``AutoGamma`` by default
-MIN_VERIFY_RATE = 0.05  # round_costs: below this share of verifying passes, observed rounds say too little
 
 
 def position_counts(accept_hist) -> tuple[list[int], list[int]]:
@@ -86,13 +85,9 @@ class Costs:
         return (gamma * self.c + self.v[gamma] + (2 * gamma + 1) * s) / (1 + s)
 
 
-def round_costs(costs: Costs, gammas, observed=None, verify_rate: float = 1.0) -> dict:
+def round_costs(costs: Costs, gammas, observed=None) -> dict:
     """r(γ) for each of ``gammas``, in plain steps, from the costs and from ``observed``: γ -> seconds per round
     of the compiled loop, measured in earlier calls of the same shapes (γ = 0: plain decoding).
-
-    With a drafter that abstains, an observed speculative loop's rounds are target passes of which only the
-    share ``verify_rate`` π verified (the others were plain steps): its verify round is taken as
-    (observed − (1 − π) × plain step) ÷ π, and not taken from observations at all below π = ``MIN_VERIFY_RATE``.
 
     Each round is estimated in units of a plain step as ``Costs.round_cost`` predicts it (1 + s standalone
     target steps, s = ``costs.sampling``): observed rounds as they were measured (seconds ÷ ``costs.step_s`` ÷
@@ -104,14 +99,8 @@ def round_costs(costs: Costs, gammas, observed=None, verify_rate: float = 1.0) -
     speculation look free even at α = 0. Without ``step_s`` the observations are not used."""
     unit = costs.step_s * (1 + (0.0 if costs.round else costs.sampling))
     seen = {g: s / unit for g, s in (observed or {}).items() if unit > 0 and s > 0}
-    plain = seen.get(0, 1.0)
-    if verify_rate < 1.0:  # passes -> verify rounds
-        seen = {
-            g: s if g == 0 else (s - (1.0 - verify_rate) * plain) / verify_rate
-            for g, s in seen.items()
-            if g == 0 or verify_rate >= MIN_VERIFY_RATE
-        }
     spec = sorted(g for g in seen if g > 0)
+    plain = seen.get(0, 1.0)
     out = {}
     for g in gammas:
         if g in seen:
@@ -143,8 +132,6 @@ class Decision:
       reason: why, in words.
       probe: whether this is a probe: speculating after a run of plain decisions to measure acceptance again.
       prefill: ``"target"`` / ``"draft"`` -> this call's prefill in plain steps.
-      verify_rate: the share of target passes expected to verify drafts (1 unless the drafter abstains; observed
-        in earlier calls: ``expected_speedup``).
     """
 
     gamma: int
@@ -160,7 +147,6 @@ class Decision:
     reason: str
     probe: bool = False
     prefill: dict = dataclasses.field(default_factory=dict)
-    verify_rate: float = 1.0
 
     def as_dict(self) -> dict:
         """The fields as a plain dict (``GenerateStats.policy``)."""
@@ -189,17 +175,12 @@ def expected_speedup(
     round_cost: float | None = None,
     straggler: float = 1.0,
     target_prefill: float = 0.0,
-    verify_rate: float = 1.0,
 ) -> float:
     """Plain time ÷ speculative time for ``new_tokens`` tokens: (P + N) ÷ (P + p + s (N/τ) r) with τ capped at N
     (see the module docstring). ``alpha``: one acceptance probability for every position, or a sequence of
     per-position ones. ``round_cost`` (a round in plain steps, measured in the loop) replaces ``gamma * c + v`` when
     given; ``straggler`` multiplies the rounds a batch needs. ``prefill`` (the draft's) is paid by speculation
-    only, ``target_prefill`` by both. ``verify_rate`` π: the share of target passes that verify drafts, for a
-    drafter that abstains (prompt lookup without a match: that pass is a plain step, 1 token for 1 step); then
-    a pass yields πτ + 1 − π tokens and costs πr + 1 − π steps."""
+    only, ``target_prefill`` by both."""
     tau = min(expected_tokens(alpha, gamma), float(new_tokens))
     cost = gamma * c + v if round_cost is None else round_cost
-    if verify_rate < 1.0:
-        tau, cost = verify_rate * tau + 1.0 - verify_rate, verify_rate * cost + 1.0 - verify_rate
     return (target_prefill + new_tokens) / (target_prefill + prefill + straggler * new_tokens / tau * cost)
