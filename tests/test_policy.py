@@ -356,7 +356,7 @@ def test_step_timing_never_counts_the_warm_up_calls():
         n = len(calls)
         clock.sleep(0.3 if n == 1 else 0.01 + max(0, 10 - n) * 0.001)
 
-    # settling calls ran untimed (7 on an idle machine; fewer when a loaded machine stretches the sleeps)
+    # settling calls ran untimed (8 on an idle machine; fewer when a loaded machine stretches the sleeps)
     assert _timed_calls(call, iters=3, skip=1, budget_s=0.25) < 0.0115 and 5 <= len(calls) - 3 <= 21
     calls.clear()
     slow = lambda: (calls.append(None), clock.sleep(0.15))  # noqa: E731
