@@ -23,6 +23,11 @@ ENV = "JAXSPEC_COMPILATION_CACHE"
 OFF = ("", "0", "off", "false", "no")
 
 
+def is_off(text: str) -> bool:
+    """Whether ``text`` (``$JAXSPEC_COMPILATION_CACHE`` or the CLI's ``--compilation-cache``) turns the cache off."""
+    return text.strip().lower() in OFF
+
+
 def default_directory() -> Path | None:
     """The cache directory ``enable_compilation_cache()`` uses without an argument: from ``$JAXSPEC_COMPILATION_CACHE``
     (None when it says off), else ``<jaxspec cache>/xla``."""
@@ -30,7 +35,7 @@ def default_directory() -> Path | None:
 
     value = os.environ.get(ENV)
     if value is not None:
-        return None if value.strip().lower() in OFF else Path(value).expanduser()
+        return None if is_off(value) else Path(value).expanduser()
     return cache_dir() / "xla"
 
 
@@ -43,9 +48,8 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None, *, min_
     ``jax_compilation_cache_dir`` set by the user) keeps it: that directory is returned and nothing changes.
     Raises ``ValueError`` naming the argument when ``directory`` exists and is not a writable directory, or when
     ``min_compile_time_s`` is not a number >= 0."""
-    if isinstance(min_compile_time_s, bool) or not isinstance(min_compile_time_s, (int, float)):
-        raise ValueError(f"min_compile_time_s must be a number >= 0, got {min_compile_time_s!r}")
-    if not min_compile_time_s >= 0:
+    number = isinstance(min_compile_time_s, (int, float)) and not isinstance(min_compile_time_s, bool)
+    if not (number and min_compile_time_s >= 0):
         raise ValueError(f"min_compile_time_s must be a number >= 0, got {min_compile_time_s!r}")
     current = jax.config.jax_compilation_cache_dir
     if current:

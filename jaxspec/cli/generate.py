@@ -251,9 +251,9 @@ def one_prompt(args: argparse.Namespace) -> int:
 def compilation_cache(value: str | None):
     """``--compilation-cache``: turn JAX's persistent compilation cache on (``enable_compilation_cache``) unless
     ``value`` (or, without it, ``$JAXSPEC_COMPILATION_CACHE``) says off; returns its directory or None."""
-    from jaxspec.compile_cache import OFF, enable_compilation_cache
+    from jaxspec.compile_cache import enable_compilation_cache, is_off
 
-    if value is not None and value.strip().lower() in OFF:
+    if value is not None and is_off(value):
         return None
     try:
         return enable_compilation_cache(value)
