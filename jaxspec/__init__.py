@@ -2,7 +2,7 @@
 
 Public API: ``CausalLM`` (the model contract), ``generate`` and ``stream`` (plain or speculative decoding),
 ``Engine`` (continuous batching over many requests, results yielded as rows finish), ``Drafter`` (the drafter
-protocol; ``PromptLookup`` is one),
+protocol; ``PromptLookup`` is one; ``eagle.EagleDrafter`` drafts from the target's hidden states),
 ``models.llama`` (a built-in Llama-family decoder), ``load`` (jaxspec orbax checkpoints and Hugging Face
 safetensors directories), ``save`` (orbax) and ``export_hf``; ``sharding`` (meshes, ``shard``, ``plan``) and
 ``multihost`` (``share_prompts``) for generation across devices and processes; ``enable_compilation_cache`` (compiled
@@ -14,7 +14,7 @@ import os as _os
 # jaxspec uses transformers for tokenizers only: its "PyTorch was not found" advice is noise here.
 _os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from jaxspec import multihost, policy, sharding
+from jaxspec import eagle, multihost, policy, sharding
 from jaxspec.checkpoint import load, save  # noqa: E402
 from jaxspec.compile_cache import enable_compilation_cache
 from jaxspec.distill import distill
@@ -41,6 +41,7 @@ __all__ = [
     "Stream",
     "StreamStep",
     "distill",
+    "eagle",
     "enable_compilation_cache",
     "export_hf",
     "generate",

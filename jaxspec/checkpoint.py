@@ -137,16 +137,24 @@ def shipped_dir() -> Path:
 
 
 def shipped_models() -> list[str]:
-    """Names (``jaxspec/<name>``) of the models shipped in ``checkpoints/``, sorted."""
+    """Names (``jaxspec/<name>``) of the models (and EAGLE heads) shipped in ``checkpoints/``, sorted."""
     root = shipped_dir()
-    return sorted(SHIPPED_PREFIX + p.name for p in root.iterdir() if is_orbax_model(p)) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted(SHIPPED_PREFIX + p.name for p in root.iterdir() if is_orbax_model(p) or _is_head(p))
+
+
+def _is_head(path: Path) -> bool:
+    from jaxspec import eagle
+
+    return eagle.is_head(path)
 
 
 def resolve(path: str | Path) -> Path:
     """A directory, or a shipped model's name such as ``"jaxspec/code-target"``."""
     if isinstance(path, str) and path.startswith(SHIPPED_PREFIX) and not Path(path).exists():
         found = shipped_dir() / path[len(SHIPPED_PREFIX) :]
-        if not is_orbax_model(found):
+        if not (is_orbax_model(found) or _is_head(found)):
             raise FileNotFoundError(
                 f"no shipped model named {path!r} in {shipped_dir()}; available: {shipped_models() or 'none'} "
                 "(set JAXSPEC_CHECKPOINTS to the repository's checkpoints/ directory if jaxspec is not installed "

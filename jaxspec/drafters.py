@@ -17,6 +17,11 @@ pass over γ+1 tokens), so a drafter with nothing to offer costs nothing; when s
 verified as usual. A drafter that may abstain must cope with rounds it took no part in (rows that grew by one
 token since its last proposal); prompt lookup, stateless, does.
 
+Drafting from the target's hidden states (``features = True``, e.g. ``jaxspec.eagle.EagleDrafter``): the loop
+runs the target through the drafter's ``target_features(params, tokens, positions, cache) -> (logits, hidden,
+cache)`` instead of its ``apply_fn`` and hands every pass's hidden states, with their positions, to
+``observe(state, hidden, positions) -> state`` (after the prefill's pass and after each verify pass).
+
 Catching up after acceptance is the drafter's own business: ``draft`` sees each row's verified tokens and
 ``length``; the model drafter re-feeds the two newest tokens, so its cache is right after a rejection and after
 a bonus token alike. The loop (``jaxspec.loop``) never asks which drafter it has, so a new one (an EAGLE-style
@@ -66,6 +71,7 @@ class Drafter:
     (static, hashable); the defaults here suit a drafter without state or weights."""
 
     name: str = "drafter"
+    features: bool = False  # True: the loop runs the target through target_features and calls observe
 
     def init_state(self, batch: int, cache_len: int) -> Any:
         """The drafter's state for ``batch`` rows and ``cache_len`` positions (None: stateless)."""
@@ -78,6 +84,13 @@ class Drafter:
     def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
         """γ = ``keys.shape[1]`` draft tokens per row (see the module docstring)."""
         raise NotImplementedError
+
+    def observe(self, state, feats, positions) -> Any:
+        """(``features`` drafters) ``state`` after the target's hidden states ``feats [B, T, D]`` at ``positions``."""
+        return state
+
+    def check_target(self, target) -> None:
+        """Raise ``ValueError`` if this drafter cannot draft for ``target`` (checked before compiling)."""
 
 
 def bad_logits(logits: jax.Array) -> jax.Array:

@@ -56,12 +56,13 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
     def placed(cache):
         return cache if spec.mesh is None else sharding.constrain(cache, sharding.cache_sharding(cache, spec.mesh))
 
-    _, target_cache = spec.target_apply(
-        target_params, inputs.prompt, positions, placed(spec.target_init_cache(batch, spec.cache_len))
+    _, feats, target_cache = _target_pass(
+        spec, target_params, inputs.prompt, positions, placed(spec.target_init_cache(batch, spec.cache_len))
     )
-    draft_state = spec.drafter.prefill(
-        draft_params, inputs.prompt, positions, placed(spec.drafter.init_state(batch, spec.cache_len))
-    )
+    draft_state = placed(spec.drafter.init_state(batch, spec.cache_len))
+    if feats is not None:
+        draft_state = spec.drafter.observe(draft_state, feats, positions)
+    draft_state = spec.drafter.prefill(draft_params, inputs.prompt, positions, draft_state)
     tokens = jnp.zeros((batch, spec.cache_len), jnp.int32).at[:, :plen].set(inputs.prompt)
     row_keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(inputs.seeds, inputs.row_ids)
     eos, sampling = _per_row(inputs, batch)
@@ -81,6 +82,15 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
         draft_state=draft_state,
     )
     return constrain_state(spec, state)
+
+
+def _target_pass(spec: LoopSpec, params, tokens, positions, cache):
+    """``(logits, hidden states or None, cache)``: the target's pass, through the drafter's ``target_features``
+    when it drafts from the target's features (``Drafter.features``)."""
+    if spec.drafter.features:
+        return spec.drafter.target_features(params, tokens, positions, cache)
+    logits, cache = spec.target_apply(params, tokens, positions, cache)
+    return logits, None, cache
 
 
 def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> State:
@@ -130,9 +140,10 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys) -
 
     verify_tokens = jnp.concatenate([last[:, None], drafts], axis=1)
     offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
-    logits, target_cache = spec.target_apply(
-        target_params, verify_tokens, pos_last[:, None] + offsets[None], state.target_cache
-    )
+    positions = pos_last[:, None] + offsets[None]
+    logits, feats, target_cache = _target_pass(spec, target_params, verify_tokens, positions, state.target_cache)
+    if feats is not None:
+        draft_state = spec.drafter.observe(draft_state, feats, positions)
     logits = logits.astype(jnp.float32)
     p = warp(logits, state.sampling)
     n, nxt = spec.acceptance(round_keys[:, spec.gamma], drafts, q, p)

@@ -266,6 +266,7 @@ def make_request(
         raise TypeError(f"target must be a jaxspec.CausalLM, got {type(target).__name__}")
     lookup = as_drafter(draft)
     if lookup is not None:
+        lookup.check_target(target)
         draft = None
     elif draft is not None:
         if not isinstance(draft, CausalLM):

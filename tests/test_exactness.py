@@ -36,8 +36,9 @@ import scipy.special
 import scipy.stats
 
 import jaxspec
-from jaxspec import llama
+from jaxspec import eagle, llama
 from jaxspec.acceptance import RejectionSampler
+from jaxspec.models import eagle as eagle_model
 from jaxspec.sampling import SamplingParams, warp
 
 VOCAB = 5
@@ -528,6 +529,54 @@ def test_negative_control_reduced_vocabulary_wrong_residual_is_rejected(target, 
         seed=7100,
         acceptance=ResampleFromTarget(),
     )
+    assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"
+
+
+# --------------------------------------------------------------------------------------------- EAGLE head
+# A drafter that reads the target's hidden features (jaxspec.eagle): a random, peaked head over a reduced vocabulary
+# (q = 0 on ids 1 and 4). Its drafts depend on the target's features, fed back through the loop's observe hook; the
+# output must still be the warped target's, and the wrong residual must be caught through it as well.
+
+
+@pytest.fixture(scope="module")
+def eagle_head(target):
+    cfg = eagle_model.head_config(TARGET_CONFIG, vocab_ids=REDUCED_IDS)
+    return eagle.EagleDrafter.for_target(target, eagle_model.init_own(cfg, seed=3), config=cfg, name="head")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting,gamma", [("temp1", 1), ("temp1", 3), ("topp0.8", 2)])
+def test_eagle_head_sampling_is_exact(target, eagle_head, target_logits, setting, gamma):
+    temperature, top_k, top_p = SETTINGS[setting]
+    p_value, result, probs, counts = run_and_test(
+        target,
+        eagle_head,
+        target_logits,
+        gamma=gamma,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=8000 + gamma,
+    )
+    assert counts[probs == 0].sum() == 0
+    assert p_value > ALPHA, f"EAGLE-head output does not follow the warped target (p={p_value:.3g})"
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+
+
+@pytest.mark.slow
+def test_negative_control_eagle_head_wrong_residual_is_rejected(target, eagle_head, target_logits):
+    p_value, result, _, _ = run_and_test(
+        target,
+        eagle_head,
+        target_logits,
+        gamma=3,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=8100,
+        acceptance=ResampleFromTarget(),
+    )
+    assert 0.05 < result.stats.acceptance_rate < 0.95
     assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"
 
 

@@ -76,11 +76,13 @@ class RMSNorm(nn.Module):
         return (y.astype(self.dtype) * scale).astype(self.dtype)
 
 
-def _norm(cfg: LlamaConfig, name: str) -> RMSNorm:
+def rms_norm(cfg: LlamaConfig, name: str) -> RMSNorm:
+    """The family's RMSNorm module for ``cfg`` (epsilon, dtype, Gemma's offset), named ``name``."""
     return RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset, name=name)
 
 
-def _dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None, bias: bool = False) -> nn.Dense:
+def dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None, bias: bool = False) -> nn.Dense:
+    """A ``features``-wide projection in ``cfg``'s dtype, normal(``std`` or ``init_std``) init, optional bias."""
     return nn.Dense(
         features,
         use_bias=bias,
@@ -103,12 +105,12 @@ class Attention(nn.Module):
         cfg = self.cfg
         batch, length, _ = x.shape
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q = _dense(h * d, "q_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, h, d)
-        k = _dense(kvh * d, "k_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
-        v = _dense(kvh * d, "v_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
+        q = dense(h * d, "q_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, h, d)
+        k = dense(kvh * d, "k_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
+        v = dense(kvh * d, "v_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
         if cfg.qk_norm:
-            q = _norm(cfg, "q_norm")(q)
-            k = _norm(cfg, "k_norm")(k)
+            q = rms_norm(cfg, "q_norm")(q)
+            k = rms_norm(cfg, "k_norm")(k)
         inv_freq = inverse_frequencies(d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
@@ -124,7 +126,7 @@ class Attention(nn.Module):
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache).reshape(batch, length, h * d)
-        return _dense(cfg.hidden_size, "o_proj", cfg, bias=cfg.o_bias)(out), k_all, v_all
+        return dense(cfg.hidden_size, "o_proj", cfg, bias=cfg.o_bias)(out), k_all, v_all
 
 
 class MLP(nn.Module):
@@ -135,9 +137,9 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.cfg
-        gate = _dense(cfg.intermediate_size, "gate_proj", cfg)(x)
-        up = _dense(cfg.intermediate_size, "up_proj", cfg)(x)
-        return _dense(cfg.hidden_size, "down_proj", cfg)(_ACTIVATIONS[cfg.mlp_activation](gate) * up)
+        gate = dense(cfg.intermediate_size, "gate_proj", cfg)(x)
+        up = dense(cfg.intermediate_size, "up_proj", cfg)(x)
+        return dense(cfg.hidden_size, "down_proj", cfg)(_ACTIVATIONS[cfg.mlp_activation](gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -150,9 +152,9 @@ class DecoderLayer(nn.Module):
     def __call__(self, carry, layer, positions):
         cfg = self.cfg
         x, k_all, v_all = carry
-        attn, k_all, v_all = Attention(cfg, name="attn")(_norm(cfg, "input_norm")(x), positions, k_all, v_all, layer)
+        attn, k_all, v_all = Attention(cfg, name="attn")(rms_norm(cfg, "input_norm")(x), positions, k_all, v_all, layer)
         x = x + attn
-        x = x + MLP(cfg, name="mlp")(_norm(cfg, "post_attn_norm")(x))
+        x = x + MLP(cfg, name="mlp")(rms_norm(cfg, "post_attn_norm")(x))
         return (x, k_all, v_all), None
 
 
@@ -165,9 +167,10 @@ class Llama(nn.Module):
     split: bool = False
 
     @nn.compact
-    def __call__(self, tokens, positions, cache: KVCache, hidden: bool = False):
+    def __call__(self, tokens, positions, cache: KVCache, hidden: bool | str = False):
         """``(logits [B, T, V] float32, cache)``; ``hidden=True`` returns the final-norm hidden states
-        ``[B, T, hidden_size]`` instead of logits (training computes the LM head at chosen positions only)."""
+        ``[B, T, hidden_size]`` instead of logits (training computes the LM head at chosen positions only);
+        ``hidden="both"`` returns ``((logits, hidden), cache)`` (an EAGLE head drafts from the hidden states)."""
         cfg = self.cfg
         embed = nn.Embed(
             cfg.embed_rows,
@@ -181,14 +184,15 @@ class Llama(nn.Module):
         if cfg.embed_scale:  # like transformers: sqrt(hidden) rounded to the activation dtype first
             x = x * jnp.asarray(cfg.hidden_size**0.5, cfg.jnp_dtype)
         x, k, v = stack.apply_layers(DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split)
-        x = _norm(cfg, "final_norm")(x)
-        if hidden:
+        x = rms_norm(cfg, "final_norm")(x)
+        if hidden is True:
             return x, KVCache(k, v)
         if cfg.tie_embeddings:
             logits = embed.attend(x)
         else:
-            logits = _dense(cfg.embed_rows, "lm_head", cfg)(x)
-        return to_full_vocab(cfg, logits.astype(jnp.float32)), KVCache(k, v)
+            logits = dense(cfg.embed_rows, "lm_head", cfg)(x)
+        logits = to_full_vocab(cfg, logits.astype(jnp.float32))
+        return ((logits, x) if hidden == "both" else logits), KVCache(k, v)
 
 
 def weights(cfg: LlamaConfig) -> list[Weight]:
@@ -237,6 +241,20 @@ def model_fns(cfg: LlamaConfig):
         return KVCache.zeros(cfg.num_layers, batch_size, max_length, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype)
 
     return apply_fn, init_cache
+
+
+@functools.cache
+def features_fn(cfg: LlamaConfig):
+    """``apply(params, tokens, positions, cache) -> (logits [B, T, V] float32, hidden [B, T, D], cache)``: the
+    forward pass of ``model_fns``' ``apply_fn`` that also returns the final-norm hidden states (the same object for
+    equal configs)."""
+
+    def apply(params, tokens, positions, cache):
+        module, variables = stack.bind(Llama, cfg, params)
+        (logits, x), cache = module.apply(variables, tokens, positions, cache, "both")
+        return logits, x, cache
+
+    return apply
 
 
 def hidden_and_head(cfg: LlamaConfig, params, tokens, positions, cache):

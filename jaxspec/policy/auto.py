@@ -113,9 +113,11 @@ class BatchState:
 
 
 def _model_key(model):
-    """A model's identity for the caches: name, forward function and weights (a drafter object keys itself)."""
+    """A model's identity for the caches: name, forward function and weights (a drafter object keys itself, with
+    its weights' identity when it carries weights)."""
     if not hasattr(model, "apply_fn"):
-        return model
+        leaves = jax.tree.leaves(getattr(model, "params", None))
+        return (model, id(leaves[0])) if leaves else model
     leaves = jax.tree.leaves(model.params)
     return (model.name, model.apply_fn, id(leaves[0]) if leaves else 0)
 

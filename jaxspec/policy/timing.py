@@ -198,15 +198,18 @@ def prefill_tokens(batch: int, cache_len: int) -> int:
 
 
 def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer=None, iters: int = 3) -> Costs:
-    """The ``Costs`` of ``target`` and ``draft`` (a ``CausalLM``, or a drafter without a model such as prompt
-    lookup: c = p = 0) at ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``, from standalone
-    model steps (each compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1
-    tokens (γ of ``verify_gammas``; the others ``interpolate``d) and over ``prefill_tokens`` prompt tokens, the
-    draft over 1 and the prompt tokens; and one warp-and-draw over the target's vocabulary (``time_sampling``).
+    """The ``Costs`` of ``target`` and ``draft`` (a ``CausalLM``; a drafter with ``as_model()``, an EAGLE head,
+    timed as that model's 1-token step; or a drafter without a model such as prompt lookup: c = p = 0) at
+    ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``, from standalone model steps (each
+    compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1 tokens (γ of
+    ``verify_gammas``; the others ``interpolate``d) and over ``prefill_tokens`` prompt tokens, the draft over 1
+    and the prompt tokens; and one warp-and-draw over the target's vocabulary (``time_sampling``).
     ``round_timer(gammas)``: seconds per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds
     it from ``time_rounds`` (this compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it
     ``Costs.round`` is None."""
     tokens = prefill_tokens(batch, cache_len)
+    if hasattr(draft, "as_model"):  # a drafter with a model of its own (an EAGLE head): time its steps
+        draft = draft.as_model()
     has_model = hasattr(draft, "apply_fn")
     gammas = tuple(sorted(set(gammas)))
     timed_gammas = verify_gammas(gammas)

@@ -1,0 +1,211 @@
+"""EAGLE-style drafting: a small head (``jaxspec.models.eagle``) drafts from the target's own hidden features.
+
+    head = jaxspec.eagle.load("jaxspec/smollm2-eagle", target)     # or EagleDrafter.for_target(target, own_params)
+    result = jaxspec.generate(target, prompts, draft=head, gamma=4)
+
+How it runs in the loop (``jaxspec.loop``; the ``Drafter`` protocol's feature hooks): every target pass (prefill
+and verify) also returns the final-norm hidden states, which ``observe`` writes into the drafter's feature buffer
+at their positions. With ``L`` tokens in a row, the target's features are known (and verified) for positions
+``<= L-2`` (the newest token ``L-1`` is fed by the coming verify pass). A round's first head pass reads the window
+of pairs ``(f_j, token j+1)`` for ``j = L-2-γ .. L-2``: it rewrites the head's cache over every position a
+previous round drafted from its own predicted features, and its last output predicts token ``L`` (the first
+draft). Each further step feeds back the head's predicted feature with the token just drafted. Features of
+rejected drafts, written past the accepted prefix, are overwritten by the next verify pass before any read.
+
+The draft distribution q is the head's warped softmax (restricted to its draft vocabulary: q = 0 elsewhere), so
+the rejection sampler stays exact: output has the target's distribution whatever the head's quality.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec import families
+from jaxspec.cache import KVCache
+from jaxspec.drafters import Drafter, Proposal, bad_logits
+from jaxspec.model import CausalLM
+from jaxspec.models import eagle as eagle_model
+from jaxspec.models import llama
+from jaxspec.sampling import sample, warp
+
+KIND = "eagle-head"  # jaxspec.json's "kind" for a saved head
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EagleState:
+    """The drafter's state: the head's KV cache and the target's features ``[B, S, hidden]`` by position."""
+
+    cache: KVCache
+    feats: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleDrafter(Drafter):
+    """An EAGLE head for one target (static and hashable; its weights, ``params``, are not part of the key).
+
+    Attributes:
+      config: the head's ``LlamaConfig`` (``jaxspec.models.eagle.head_config``).
+      target_config: the config of the target it was made for (``generate`` refuses another).
+      params: the head's own parameters with the target's embedding and restricted LM head (``shared_params``).
+      name: for messages and statistics.
+    """
+
+    config: llama.LlamaConfig
+    target_config: llama.LlamaConfig
+    params: Any = dataclasses.field(default=None, compare=False, repr=False)
+    name: str = "eagle"
+    features = True
+
+    @classmethod
+    def for_target(cls, target: CausalLM, own, *, config=None, name: str = "eagle") -> EagleDrafter:
+        """The drafter of head weights ``own`` (``fc``, ``layers``, ``final_norm``; stacked or split layers) on
+        ``target`` (a Llama-family ``CausalLM``); ``config`` defaults to a one-layer head over the full vocabulary."""
+        cfg = config or eagle_model.head_config(target.config)
+        shared = eagle_model.shared_params(cfg, target.params)
+        own = families.split_layers({k: own[k] for k in eagle_model.OWN})
+        return cls(cfg, target.config, {**own, **shared}, name)
+
+    @property
+    def target_features(self) -> Callable:
+        """The target's forward pass that also returns its final-norm hidden states (``llama.features_fn``)."""
+        return llama.features_fn(self.target_config)
+
+    def init_state(self, batch: int, cache_len: int) -> EagleState:
+        """An empty head cache and feature buffer."""
+        cfg = self.config
+        _, init_cache = eagle_model.head_fns(cfg)
+        return EagleState(init_cache(batch, cache_len), jnp.zeros((batch, cache_len, cfg.hidden_size), cfg.jnp_dtype))
+
+    def observe(self, state: EagleState, feats, positions) -> EagleState:
+        """The target's features ``[B, T, hidden]`` written at ``positions [B, T]`` (past the end: dropped)."""
+        rows = jnp.arange(feats.shape[0])[:, None]
+        return dataclasses.replace(
+            state, feats=state.feats.at[rows, positions].set(feats.astype(state.feats.dtype), mode="drop")
+        )
+
+    def prefill(self, params, prompt, positions, state: EagleState) -> EagleState:
+        """The head's cache over the prompt's pairs ``(f_j, token j+1)`` (the last pair is rewritten later)."""
+        apply_fn, _ = eagle_model.head_fns(self.config)
+        following = jnp.concatenate([prompt[:, 1:], prompt[:, -1:]], axis=1)
+        _, _, cache = apply_fn(params, following, state.feats[:, : prompt.shape[1]], positions, state.cache)
+        return dataclasses.replace(state, cache=cache)
+
+    def draft(self, params, state: EagleState, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
+        """A window pass over the γ+1 newest verified pairs, then γ-1 steps on the head's own features."""
+        apply_fn, _ = eagle_model.head_fns(self.config)
+        gamma = keys.shape[1]
+        batch, size = tokens.shape
+        rows = jnp.arange(batch)[:, None]
+        window = jnp.maximum(length[:, None] - 2 - gamma + jnp.arange(gamma + 1, dtype=jnp.int32)[None], 0)
+        following = tokens[rows, jnp.minimum(window + 1, size - 1)]
+        logits, feats, cache = apply_fn(params, following, state.feats[rows, window], window, state.cache)
+        q0 = warp(logits[:, -1], sampling)
+        d1 = jax.vmap(sample)(keys[:, 0], q0)
+        bad = bad_logits(logits[:, -1])
+
+        def step(carry, xs):
+            cache, tok, feat, bad = carry
+            key, offset = xs
+            pos = (length - 2 + offset)[:, None]
+            logits, feats, cache = apply_fn(params, tok[:, None], feat[:, None], pos, cache)
+            q = warp(logits[:, 0], sampling)
+            nxt = jax.vmap(sample)(key, q)
+            return (cache, nxt, feats[:, 0], bad | bad_logits(logits[:, 0])), (nxt, q)
+
+        (cache, _, _, bad), (rest, q_rest) = jax.lax.scan(
+            step, (cache, d1, feats[:, -1], bad), (keys[:, 1:].T, jnp.arange(1, gamma, dtype=jnp.int32))
+        )
+        drafts = jnp.concatenate([d1[:, None], rest.T], axis=1)
+        q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)
+        return Proposal(drafts, q, dataclasses.replace(state, cache=cache), bad)
+
+    def as_model(self) -> CausalLM:
+        """The head as a ``CausalLM`` over tokens alone (zero features in place of the target's), for timing its
+        steps (``jaxspec.bench``): the same shapes and work as a drafting step, meaningless outputs."""
+        apply_fn, init_cache = _timing_fns(self.config)
+        return CausalLM(apply_fn, self.params, init_cache, self.config.vocab_size, config=self.config, name=self.name)
+
+    def check_target(self, target: CausalLM) -> None:
+        """``ValueError`` unless ``target`` is the model this head was made for (same config)."""
+        if target.config != self.target_config:
+            raise ValueError(
+                f"draft: the EAGLE head {self.name!r} was made for another target than {target.name!r} "
+                "(configs differ); load it with jaxspec.eagle.load(path, target)"
+            )
+
+
+@functools.cache
+def _timing_fns(cfg: llama.LlamaConfig):
+    head_apply, init_cache = eagle_model.head_fns(cfg)
+
+    def apply_fn(params, tokens, positions, cache):
+        feats = jnp.zeros((*tokens.shape, cfg.hidden_size), cfg.jnp_dtype)
+        logits, _, cache = head_apply(params, tokens, feats, positions, cache)
+        return logits, cache
+
+    return apply_fn, init_cache
+
+
+def save(drafter: EagleDrafter, path) -> Path:
+    """Write the head's own weights (``model.npz``, stacked layers, float16) and ``jaxspec.json``
+    (kind, layers, draft vocabulary) to directory ``path``; the target's embedding and head are not stored."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    own = families.stack_layers({k: drafter.params[k] for k in eagle_model.OWN})
+    leaves = jax.tree_util.tree_flatten_with_path(own)[0]
+    flat = {"/".join(str(k.key) for k in p): np.asarray(v, np.float32).astype(np.float16) for p, v in leaves}
+    np.savez(path / "model.npz", **flat)
+    meta = {
+        "kind": KIND,
+        "name": drafter.name,
+        "num_layers": drafter.config.num_layers,
+        "vocab_ids": list(drafter.config.vocab_ids),
+        "hidden_size": drafter.config.hidden_size,
+    }
+    (path / "jaxspec.json").write_text(json.dumps(meta) + "\n")
+    return path
+
+
+def is_head(path) -> bool:
+    """Whether ``path`` is a directory written by ``save``."""
+    meta = Path(path) / "jaxspec.json"
+    try:
+        return meta.is_file() and json.loads(meta.read_text()).get("kind") == KIND
+    except (OSError, ValueError):
+        return False
+
+
+def load(path, target: CausalLM) -> EagleDrafter:
+    """The head saved at ``path`` (a directory, or ``jaxspec/<name>`` in the shipped checkpoints) on ``target``.
+    ``ValueError`` for a directory that is not a head, or a head of another width than ``target``'s."""
+    from jaxspec import checkpoint
+
+    path = checkpoint.resolve(path)
+    if not is_head(path):
+        raise ValueError(f"{path} is not an EAGLE head (no jaxspec.json with kind {KIND!r})")
+    meta = json.loads((path / "jaxspec.json").read_text())
+    if meta["hidden_size"] != getattr(target.config, "hidden_size", None):
+        raise ValueError(
+            f"the EAGLE head at {path} has hidden_size {meta['hidden_size']}, target {target.name!r} has "
+            f"{getattr(target.config, 'hidden_size', None)}: it was made for another target"
+        )
+    cfg = eagle_model.head_config(target.config, num_layers=meta["num_layers"], vocab_ids=meta["vocab_ids"])
+    with np.load(path / "model.npz") as data:
+        own: dict = {}
+        for key in data.files:
+            *parents, leaf = key.split("/")
+            node = own
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = jnp.asarray(data[key], cfg.jnp_dtype)
+    return EagleDrafter.for_target(target, own, config=cfg, name=meta.get("name", "eagle"))
