@@ -30,8 +30,9 @@ def main(argv=None):
         metavar="SPEC",
         help="instead of --draft: a new Llama draft for the target, e.g. hidden=256,layers=2,heads=4,"
         "kv_heads=1,intermediate=768 (embedding initialised from the target's), or target_layers=2 "
-        "(the target's first 2 layers, embedding and norm); add vocab=N for a reduced vocabulary "
-        "of the N ids most frequent in --data (see distill_offline)",
+        "(the target's first 2 layers, embedding and norm), or eagle=1 (an EAGLE head of 1 layer that "
+        "drafts from the target's hidden states; --data only, see distill_eagle); add vocab=N for a "
+        "reduced vocabulary of the N ids most frequent in --data (see distill_offline)",
     )
     ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
     ap.add_argument(
@@ -58,6 +59,7 @@ def main(argv=None):
         help="loss weight of the prompt's own positions (default 0: generated positions only)",
     )
     ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--window", type=int, default=256, help="EAGLE head: tokens per training window")
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
     ap.add_argument("--save-draft", help="save the distilled draft here (jaxspec.save; must not exist)")
@@ -77,6 +79,10 @@ def main(argv=None):
             spec = parse_spec(args.new_draft)
         except ValueError as e:
             ap.error(str(e))
+        if "eagle_layers" in spec:
+            if not args.data:
+                ap.error("--new-draft eagle=K trains offline: give --data")
+            return _run_eagle(args, target, spec)
         draft = make_draft(target, read_data(args.data) if args.data else None, seed=args.seed, **spec)
     else:
         draft = load(args.draft, args.dtype)
@@ -108,6 +114,40 @@ def main(argv=None):
     if args.save_draft:
         print(f"saved the distilled draft to {save(result.draft, args.save_draft)}")
     return result
+
+
+def _run_eagle(args, target, spec):
+    """``--new-draft eagle=K[,vocab=N] --data``: ``distill_eagle.train_head``, α on ``--heldout`` if given,
+    ``--save-draft`` with ``jaxspec.eagle.save``."""
+    from jaxspec import eagle
+    from jaxspec.distill_eagle import train_head
+
+    name = Path(args.save_draft).name if args.save_draft else "eagle"
+    head, log = train_head(
+        target,
+        args.data,
+        out_dir=args.out,
+        num_layers=spec["eagle_layers"],
+        vocab=spec.get("vocab"),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        window=args.window,
+        learning_rate=args.learning_rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        progress=not args.no_progress,
+        name=name,
+    )
+    if log:
+        print(f"steps {log[-1]['step']}, final loss {log[-1]['loss']:.4f}")
+    if args.heldout:
+        held = read_prompts(args.heldout)
+        alpha = measure_alpha(target, head, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
+    if args.save_draft:
+        print(f"saved the EAGLE head to {eagle.save(head, args.save_draft)}")
+    return head
 
 
 def _run_offline(args, target, draft, save):

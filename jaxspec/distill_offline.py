@@ -72,13 +72,15 @@ _SPEC_KEYS = {
     "kv_heads": "num_kv_heads",
     "intermediate": "intermediate_size",
     "target_layers": "target_layers",
+    "eagle": "eagle_layers",
     "vocab": "vocab",
 }
 
 
 def parse_spec(text: str) -> dict:
     """``"hidden=256,layers=2"`` (a ``--new-draft`` spec; keys: hidden, layers, heads, kv_heads, intermediate,
-    target_layers, vocab) -> keyword arguments of ``make_draft``. ``ValueError`` for an unknown key, a value that
+    target_layers, vocab; or eagle with vocab, for ``distill_eagle.train_head``) -> keyword arguments of
+    ``make_draft``. ``ValueError`` for an unknown key, a value that
     is not a positive int, or ``target_layers`` with anything but ``vocab``."""
     out = {}
     for part in filter(None, text.split(",")):
@@ -86,6 +88,11 @@ def parse_spec(text: str) -> dict:
         if key.strip() not in _SPEC_KEYS or not value.strip().isdigit() or int(value) < 1:
             raise ValueError(f"--new-draft: {part!r} is not KEY=positive int with KEY in {sorted(_SPEC_KEYS)}")
         out[_SPEC_KEYS[key.strip()]] = int(value)
+    if "eagle_layers" in out and out.keys() - {"eagle_layers", "vocab"}:
+        raise ValueError(
+            "--new-draft: eagle=K is an EAGLE head of K layers at the target's width (jaxspec.distill_eagle); "
+            "it combines only with vocab=N"
+        )
     if "target_layers" in out and out.keys() - {"target_layers", "vocab"}:
         raise ValueError(
             "--new-draft: target_layers=K takes the target's first K layers at the target's sizes; "

@@ -47,8 +47,9 @@ def check_models(args: argparse.Namespace) -> None:
 
 
 def load_models(args: argparse.Namespace):
-    """(target ``CausalLM``, draft) from ``args``; the draft is a ``CausalLM``, ``"prompt_lookup"`` or None (plain
-    decoding). Resolves ``args.chat`` when unset: on when the target's tokenizer has a chat template."""
+    """(target ``CausalLM``, draft) from ``args``; the draft is a ``CausalLM``, an EAGLE head
+    (``jaxspec.eagle.EagleDrafter``), ``"prompt_lookup"`` or None (plain decoding). Resolves ``args.chat`` when
+    unset: on when the target's tokenizer has a chat template."""
     import jaxspec
 
     def load(value, flag):
@@ -63,7 +64,7 @@ def load_models(args: argparse.Namespace):
     elif args.draft == "prompt_lookup":
         draft = "prompt_lookup"
     else:
-        draft = load(args.draft, "--draft")
+        draft = _load_draft(args.draft, target, load)
     if target.tokenizer is None:
         raise CliError(f"--target: {args.target!r} has no tokenizer; the command line works with text prompts")
     if args.chat is None:
@@ -71,6 +72,19 @@ def load_models(args: argparse.Namespace):
     elif args.chat and getattr(target.tokenizer, "chat_template", None) is None:
         raise CliError(f"--chat: {args.target!r}'s tokenizer has no chat template")
     return target, draft
+
+
+def _load_draft(value: str, target, load):
+    """A draft model, or an EAGLE head (``jaxspec.eagle``) made for ``target``."""
+    from jaxspec import eagle
+    from jaxspec.checkpoint import resolve
+
+    if eagle.is_head(resolve(value)):
+        try:
+            return eagle.load(value, target)
+        except ValueError as err:
+            raise CliError(f"--draft: cannot load {value!r}: {err}") from None
+    return load(value, "--draft")
 
 
 def gen_kwargs(args: argparse.Namespace, draft, chat: bool = True) -> dict:

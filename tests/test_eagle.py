@@ -1,0 +1,209 @@
+"""EAGLE heads (jaxspec.eagle, jaxspec.models.eagle, jaxspec.distill_eagle): exact greedy output through the loop
+and the engine, the feature window, saving and loading, clear errors, and training that raises acceptance.
+
+The statistical exactness of sampling with a head is in test_exactness.py (with its negative control)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import count_compiles, tiny_config
+
+import jaxspec
+from jaxspec import distill_eagle, eagle
+from jaxspec.distill_offline import parse_spec
+from jaxspec.models import eagle as eagle_model
+from jaxspec.models import llama
+from jaxspec.sampling import SamplingParams
+
+PROMPTS = [[5, 9, 11, 3, 7, 21, 40, 2, 8], [3], [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73], [17, 4]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return llama.init(tiny_config(), seed=0, eos_token_id=1)
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    cfg = eagle_model.head_config(target.config, vocab_ids=tuple(range(0, 96, 3)))
+    return eagle.EagleDrafter.for_target(target, eagle_model.init_own(cfg, seed=1), config=cfg, name="head")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, target):
+    """The target's own greedy continuations of 32 random prompts (generate_distill_data.py's records)."""
+    rng = np.random.default_rng(0)
+    prompts = [list(map(int, rng.integers(2, 96, size=int(rng.integers(3, 12))))) for _ in range(32)]
+    out = jaxspec.generate(target, prompts, max_new_tokens=40, temperature=0.0, eos_token_id=())
+    path = tmp_path_factory.mktemp("data") / "data.jsonl"
+    with open(path, "w") as f:
+        for p, o in zip(prompts, out.tokens):
+            f.write(json.dumps({"prompt_ids": p, "output_ids": o}) + "\n")
+    return path, prompts
+
+
+def test_features_fn_matches_apply_fn(target):
+    tokens = jnp.asarray([PROMPTS[0]])
+    positions = jnp.arange(tokens.shape[1])[None]
+    logits, _ = target.apply_fn(target.params, tokens, positions, target.init_cache(1, 16))
+    logits2, hidden, _ = llama.features_fn(target.config)(target.params, tokens, positions, target.init_cache(1, 16))
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(logits2))
+    # the hidden states are the LM head's input: the head applied to them gives the logits
+    head = np.asarray(target.params["lm_head"]["kernel"])
+    np.testing.assert_allclose(np.asarray(hidden) @ head, np.asarray(logits), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_with_a_head_equals_plain(target, head, gamma):
+    plain = jaxspec.generate(target, PROMPTS, max_new_tokens=30, temperature=0.0, eos_token_id=())
+    kwargs = dict(max_new_tokens=30, temperature=0.0, eos_token_id=())
+    spec = jaxspec.generate(target, PROMPTS, draft=head, gamma=gamma, **kwargs)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.mode == "speculative" and spec.stats.drafted > 0
+
+
+def test_engine_with_a_head_equals_plain(target, head):
+    prompts = PROMPTS * 3
+    plain = jaxspec.generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_token_id=())
+    engine = jaxspec.Engine(target, draft=head, gamma=3, slots=4, max_new_tokens=24, temperature=0.0, eos_token_id=())
+    rows = sorted(engine.run(prompts), key=lambda r: r.index)
+    assert [r.tokens for r in rows] == plain.tokens
+    assert sum(r.stats.drafted for r in rows) > 0
+
+
+def test_observe_writes_features_at_their_positions(head):
+    state = head.init_state(2, 8)
+    feats = jnp.arange(2 * 3 * head.config.hidden_size, dtype=jnp.float32).reshape(2, 3, -1)
+    out = head.observe(state, feats, jnp.asarray([[0, 1, 2], [6, 7, 8]]))  # position 8 is past the end: dropped
+    got = np.asarray(out.feats)
+    np.testing.assert_array_equal(got[0, :3], np.asarray(feats[0]))
+    np.testing.assert_array_equal(got[1, 6:], np.asarray(feats[1, :2]))
+    assert not got[0, 3:].any() and not got[1, :6].any()
+
+
+def test_save_and_load_round_trip(tmp_path, target, head):
+    path = eagle.save(head, tmp_path / "head")
+    assert eagle.is_head(path) and not eagle.is_head(tmp_path)
+    loaded = eagle.load(path, target)
+    assert loaded.config == head.config and loaded == head  # equal statics: the same compiled programs
+    for key in eagle_model.OWN:  # stored as float16
+        for a, b in zip(jaxspec_leaves(loaded.params[key]), jaxspec_leaves(head.params[key])):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+    a = jaxspec.generate(target, PROMPTS, draft=head, max_new_tokens=12, temperature=0.0)
+    b = jaxspec.generate(target, PROMPTS, draft=loaded, max_new_tokens=12, temperature=0.0)
+    assert a.tokens == b.tokens
+
+
+def jaxspec_leaves(tree):
+    return [np.asarray(x, np.float32) for x in jax.tree.leaves(tree)]
+
+
+def test_load_errors(tmp_path, target, head):
+    with pytest.raises(ValueError, match="not an EAGLE head"):
+        eagle.load(tmp_path, target)
+    path = eagle.save(head, tmp_path / "head")
+    wider = llama.init(tiny_config(hidden_size=128), seed=0)
+    with pytest.raises(ValueError, match="hidden_size 64.*made for another target"):
+        eagle.load(path, wider)
+
+
+def test_a_head_for_another_target_is_refused_before_compiling(head):
+    other = llama.init(tiny_config(num_layers=3), seed=0)
+    with count_compiles() as c, pytest.raises(ValueError, match="draft: the EAGLE head 'head' was made for another"):
+        jaxspec.generate(other, PROMPTS, draft=head, max_new_tokens=4)
+    assert c["compiles"] == 0
+
+
+def test_head_config_needs_a_llama_target_with_its_full_vocabulary(target):
+    with pytest.raises(ValueError, match="Llama-family"):
+        eagle_model.head_config(object())
+    reduced = llama.LlamaConfig(**{**tiny_config().__dict__, "vocab_ids": (1, 2, 3)})
+    with pytest.raises(ValueError, match="full vocabulary"):
+        eagle_model.head_config(reduced)
+
+
+def test_new_draft_spec_for_eagle():
+    assert parse_spec("eagle=1,vocab=500") == {"eagle_layers": 1, "vocab": 500}
+    with pytest.raises(ValueError, match="eagle=K"):
+        parse_spec("eagle=1,hidden=64")
+
+
+def test_batches_are_pure_and_keep_true_positions():
+    records = [([5, 6, 7], [8, 9, 10, 11, 12, 13]), ([3, 4], [14])]
+    offsets = distill_eagle._offsets(records)
+    feats = np.arange(offsets[-1] * 2, dtype=np.float16).reshape(-1, 2)
+    a = distill_eagle.batch_at(records, feats, offsets, 3, seed=0, batch_size=4, window=4)
+    b = distill_eagle.batch_at(records, feats, offsets, 3, seed=0, batch_size=4, window=4)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    tokens, f, positions, mask = a
+    for row in range(4):
+        n = int(mask[row].sum())
+        seq = tokens[row, :n].tolist()
+        i = 0 if seq[0] >= 5 else 1
+        full = records[i][0] + records[i][1]
+        start = int(positions[row, 0])
+        assert full[start : start + n] == seq  # the window's tokens at their true positions
+        np.testing.assert_array_equal(f[row, :n], feats[offsets[i] + start : offsets[i] + start + n])
+
+
+@pytest.mark.slow
+def test_training_raises_acceptance_and_resumes(tmp_path, target, data):
+    """Trained on the target's own greedy outputs, the head's greedy α on those prompts rises well above the
+    untrained head's (the negative control: same prompts, same γ, seed-0 random weights)."""
+    path, prompts = data
+    untrained = eagle.EagleDrafter.for_target(target, eagle_model.init_own(eagle_model.head_config(target.config), 0))
+    kwargs = dict(out_dir=tmp_path / "run", batch_size=8, window=32, learning_rate=1e-2, progress=False)
+    half, _ = distill_eagle.train_head(target, path, steps=60, checkpoint_every=30, **kwargs)
+    assert (tmp_path / "run" / "features.npy").is_file()
+    trained, log = distill_eagle.train_head(target, path, steps=120, checkpoint_every=30, **kwargs)
+    assert log[0]["step"] > 60  # resumed from the step-60 checkpoint
+    assert all(np.isfinite(r["loss"]) for r in log)  # soft cross-entropy: its floor is the target's entropy
+
+    def alpha(head):
+        kwargs = dict(max_new_tokens=40, temperature=0.0, eos_token_id=())
+        return jaxspec.generate(target, prompts, draft=head, gamma=3, **kwargs).stats.acceptance_rate
+
+    before, after = alpha(untrained), alpha(trained)
+    print(f"greedy alpha untrained {before:.3f}, after 60 steps {alpha(half):.3f}, after 120 {after:.3f}")
+    assert after > max(4 * before, 0.06), (before, after)
+
+
+def test_first_draft_is_the_heads_prediction_from_real_features(target, head):
+    """Whatever was accepted before, a round's first draft comes from the head's cache over real features only:
+    the head applied teacher-forced to the whole sequence (pairs ``(f_j, token j+1)``) gives the same q."""
+    seq = jnp.asarray([[7, 3, 9, 12, 40, 41, 5, 6, 88, 2, 17, 23, 54, 33, 60, 61, 62, 9, 9, 1, 4, 8]])
+    n, plen, size, gamma = seq.shape[1], 5, 32, 3
+    positions = jnp.arange(n)[None]
+    _, feats, _ = llama.features_fn(target.config)(target.params, seq, positions, target.init_cache(1, size))
+    apply_fn, init_cache = eagle_model.head_fns(head.config)
+    following = jnp.concatenate([seq[:, 1:], seq[:, -1:]], axis=1)
+    expected, _, _ = apply_fn(head.params, following, feats, positions, init_cache(1, size))
+
+    tokens = jnp.zeros((1, size), jnp.int32).at[:, :n].set(seq)
+    state = head.observe(head.init_state(1, size), feats[:, :plen], positions[:, :plen])
+    state = head.prefill(head.params, seq[:, :plen], positions[:, :plen], state)
+    sampling = SamplingParams.create(1.0, batch=1)
+    keys = jax.random.split(jax.random.key(0), gamma)[None]
+    length = plen
+    for accepted in (0, 3, 1, 2, 0, 3):  # rounds that accepted this many drafts, then one more token
+        proposal = head.draft(head.params, state, tokens, jnp.asarray([length]), sampling, keys, target.vocab_size)
+        want = jax.nn.softmax(expected[0, length - 2])
+        np.testing.assert_allclose(np.asarray(proposal.q[0, 0]), np.asarray(want), atol=2e-6, err_msg=str(length))
+        # the verify pass's features over [last, drafts] (here the sequence's own tokens, as if accepted)
+        verify = jnp.arange(length - 1, length + gamma)[None]
+        state = head.observe(proposal.state, feats[:, length - 1 : length + gamma], verify)
+        length += accepted + 1
+
+
+def test_auto_gamma_with_a_head_times_the_head_and_stays_exact(target, head):
+    policy = jaxspec.policy.AutoGamma()
+    plain = jaxspec.generate(target, PROMPTS, max_new_tokens=16, temperature=0.0, eos_token_id=())
+    auto = jaxspec.generate(
+        target, PROMPTS, draft=head, gamma="auto", policy=policy, max_new_tokens=16, temperature=0.0, eos_token_id=()
+    )
+    assert auto.tokens == plain.tokens
+    (costs,) = policy._costs.values()  # the head is timed as a model, not as a drafter without one (c = 0)
+    assert costs.c > 0
