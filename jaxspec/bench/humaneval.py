@@ -23,16 +23,16 @@ import time
 import jax
 
 import jaxspec
-from jaxspec import named
+from jaxspec import eagle, named
 from jaxspec.bench import measure
 from jaxspec.bench.bounds import bound_cpu
 from jaxspec.inputs import bucket_cache
 from jaxspec.jsonl import read_jsonl
 from jaxspec.policy import AutoGamma
 
-TARGET, DRAFT = "smollm2-135m-instruct", "jaxspec/smollm2-draft"
+TARGET, DRAFT, HEAD = "smollm2-135m-instruct", "jaxspec/smollm2-draft", "jaxspec/smollm2-eagle"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
-DEFAULT_MODES = ("plain", "fixed", "auto", "lookup")
+DEFAULT_MODES = ("plain", "fixed", "auto", "lookup", "eagle")
 MODES = (*DEFAULT_MODES, "lookup-all")  # lookup-all runs only when asked (--humaneval-modes)
 
 
@@ -54,9 +54,10 @@ def prompt_ids(target, problems) -> list[list[int]]:
     return out
 
 
-def _kwargs(mode: str, draft, gamma: int, policy) -> dict:
+def _kwargs(mode: str, draft, gamma: int, policy, head=None) -> dict:
     return {
         "plain": dict(draft=None),
+        "eagle": dict(draft=head, gamma=gamma),
         "fixed": dict(draft=draft, gamma=gamma),
         "auto": dict(draft=draft, gamma="auto", policy=policy),
         "lookup": dict(draft="prompt_lookup", gamma=gamma),
@@ -75,6 +76,7 @@ def run(args) -> dict:
     load_s = time.perf_counter() - start
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
     modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", DEFAULT_MODES)]
+    head = eagle.load(getattr(args, "eagle_head", None) or HEAD, target) if "eagle" in modes else None
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -89,7 +91,9 @@ def run(args) -> dict:
         flush=True,
     )
     cache_len = bucket_cache(max(map(len, ids)) + args.max_new_tokens)
-    timer = measure.round_timer(target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed)
+    timer = measure.round_timer(
+        target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed, head=head
+    )
     policy = AutoGamma()
     doc = {
         "mode": "humaneval",
@@ -120,7 +124,7 @@ def run(args) -> dict:
                     for m in modes:
                         t0 = time.perf_counter()
                         s = jaxspec.generate(
-                            target, call, seed=args.seed, **base, **_kwargs(m, draft, args.gamma, policy)
+                            target, call, seed=args.seed, **base, **_kwargs(m, draft, args.gamma, policy, head)
                         ).stats
                         if m not in doc["first_compile_s"]:
                             doc["first_compile_s"][m] = {
@@ -134,7 +138,7 @@ def run(args) -> dict:
                             )
                 for m in modes:
                     s = jaxspec.generate(
-                        target, call, seed=args.seed + k, **base, **_kwargs(m, draft, args.gamma, policy)
+                        target, call, seed=args.seed + k, **base, **_kwargs(m, draft, args.gamma, policy, head)
                     ).stats
                     t = totals[m]
                     t["tokens"] += s.generated_tokens
@@ -148,6 +152,7 @@ def run(args) -> dict:
                         choices[key] = choices.get(key, 0) + 1
                 timer.block(args.step_iters)
             c, v = measure.step_ratios(timer.medians(), args.gamma)
+            c_head = measure.head_ratio(timer.medians(), args.gamma) if head is not None else None
             plain = totals["plain"]
             plain_tps = plain["tokens"] / plain["seconds"]
             plain_step = plain["seconds"] / max(plain["row_steps"], 1)
@@ -158,8 +163,9 @@ def run(args) -> dict:
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                bound = tau / (args.gamma * c + v) if m == "fixed" else None
-                bound_alpha = bound_cpu(alpha, args.gamma, c, v) if m == "fixed" and alpha is not None else None
+                cm = c_head if m == "eagle" else c
+                bound = tau / (args.gamma * cm + v) if m in ("fixed", "eagle") else None
+                bound_alpha = bound_cpu(alpha, args.gamma, cm, v) if bound and alpha is not None else None
                 row = {
                     "temperature": temp,
                     "batch": batch,
@@ -169,7 +175,7 @@ def run(args) -> dict:
                     "tok_s": tps,
                     "ratio": tps / plain_tps,
                     "round_cost": round_cost,
-                    "c": c,
+                    "c": cm,
                     "v": v,
                     "bound": bound,
                     "bound_alpha_formula": bound_alpha,
@@ -187,8 +193,10 @@ def run(args) -> dict:
                     f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}",
                     flush=True,
                 )
+            head_c = "" if c_head is None else f", EAGLE head c {c_head:.3f}"
             print(
-                f"{'':>6}   c {c:.3f}, v {v:.2f} (batch-1 steps: target {timer.medians()['target_1'] * 1e3:.1f} ms)",
+                f"{'':>6}   c {c:.3f}{head_c}, v {v:.2f} (batch-1 steps: target "
+                f"{timer.medians()['target_1'] * 1e3:.1f} ms)",
                 flush=True,
             )
     return doc

@@ -85,15 +85,26 @@ def verify_key(gamma: int) -> str:
     return f"target_{gamma + 1}"
 
 
-def round_timer(target: CausalLM, draft: CausalLM, gamma: int, cache_len: int, position: int, seed: int) -> StepTimer:
-    """The steps of a round: one target step, the verify pass over γ+1 tokens, the draft's 1- and 2-token steps."""
+def round_timer(
+    target: CausalLM, draft: CausalLM, gamma: int, cache_len: int, position: int, seed: int, head=None
+) -> StepTimer:
+    """The steps of a round: one target step, the verify pass over γ+1 tokens, the draft's 1- and 2-token steps;
+    with an EAGLE ``head`` (``jaxspec.eagle.EagleDrafter``) also its 1-token step and its window pass over γ+1."""
     cases = {
         "target_1": (target, 1),
         "draft_1": (draft, 1),
         "draft_2": (draft, 2),
         verify_key(gamma): (target, gamma + 1),
     }
+    if head is not None:
+        cases.update({"head_1": (head.as_model(), 1), "head_window": (head.as_model(), gamma + 1)})
     return StepTimer(cases, cache_len, position, seed=seed)
+
+
+def head_ratio(steps: dict[str, float], gamma: int) -> float:
+    """An EAGLE head's c per draft token: its draft phase (the window pass over γ+1 pairs, then γ−1 one-token
+    steps) ÷ γ ÷ one target step, so that τ/(γc+v) is its bound as for a draft model."""
+    return (steps["head_window"] + (gamma - 1) * steps["head_1"]) / gamma / steps["target_1"]
 
 
 def step_ratios(steps: dict[str, float], gamma: int) -> tuple[float, float]:
