@@ -116,6 +116,16 @@ def main(argv=None):
     return result
 
 
+def _report(args, log, target, draft) -> None:
+    """An offline run's last step and loss, and α on ``--heldout`` when given."""
+    if log:
+        print(f"steps {log[-1]['step']}, final loss {log[-1]['loss']:.4f}")
+    if args.heldout:
+        held = read_prompts(args.heldout)
+        alpha = measure_alpha(target, draft, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
+
+
 def _run_eagle(args, target, spec):
     """``--new-draft eagle=K[,vocab=N] --data``: ``distill_eagle.train_head``, α on ``--heldout`` if given,
     ``--save-draft`` with ``jaxspec.eagle.save``."""
@@ -139,12 +149,7 @@ def _run_eagle(args, target, spec):
         progress=not args.no_progress,
         name=name,
     )
-    if log:
-        print(f"steps {log[-1]['step']}, final loss {log[-1]['loss']:.4f}")
-    if args.heldout:
-        held = read_prompts(args.heldout)
-        alpha = measure_alpha(target, head, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed)
-        print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
+    _report(args, log, target, head)
     if args.save_draft:
         print(f"saved the EAGLE head to {eagle.save(head, args.save_draft)}")
     return head
@@ -167,14 +172,7 @@ def _run_offline(args, target, draft, save):
         checkpoint_every=args.checkpoint_every,
         progress=not args.no_progress,
     )
-    if log:
-        print(f"steps {log[-1]['step']}, final loss {log[-1]['loss']:.4f}")
-    if args.heldout:
-        held = read_prompts(args.heldout)
-        alpha = measure_alpha(
-            target, trained, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed
-        )
-        print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
+    _report(args, log, target, trained)
     if args.save_draft:
         trained = trained.replace(name=Path(args.save_draft).name)
         print(f"saved the distilled draft to {save(trained, args.save_draft, storage_dtype='bfloat16')}")

@@ -207,3 +207,17 @@ def test_auto_gamma_with_a_head_times_the_head_and_stays_exact(target, head):
     assert auto.tokens == plain.tokens
     (costs,) = policy._costs.values()  # the head is timed as a model, not as a drafter without one (c = 0)
     assert costs.c > 0
+
+
+def test_cli_trains_an_eagle_head_and_saves_it(tmp_path, target, data, capsys):
+    from jaxspec.distill import main
+
+    jaxspec.save(target, tmp_path / "target")
+    flags = ["--target", str(tmp_path / "target"), "--new-draft", "eagle=1,vocab=30", "--data", str(data[0])]
+    flags += ["--out", str(tmp_path / "run"), "--steps", "3", "--batch-size", "2", "--window", "16", "--no-progress"]
+    main([*flags, "--save-draft", str(tmp_path / "head")])
+    assert "final loss" in capsys.readouterr().out
+    loaded = eagle.load(tmp_path / "head", jaxspec.load(tmp_path / "target"))
+    assert loaded.name == "head" and len(loaded.config.vocab_ids) == 30 and loaded.config.num_layers == 1
+    with pytest.raises(SystemExit):  # eagle=K trains offline only
+        main(["--target", str(tmp_path / "target"), "--new-draft", "eagle=1", "--prompts", "p.jsonl", "--out", "o"])

@@ -497,45 +497,9 @@ def test_reduced_draft_never_gives_mass_outside_its_ids(reduced_draft, target_lo
     assert ref_warp(all_context_rows(target_logits), 1.0)[:, [1, 4]].sum(-1).mean() > 0.1
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("setting,gamma", [("temp1", 3), ("topk3", 1)])
-def test_reduced_vocabulary_draft_sampling_is_exact(target, reduced_draft, target_logits, setting, gamma):
-    temperature, top_k, top_p = SETTINGS[setting]
-    p_value, result, probs, counts = run_and_test(
-        target,
-        reduced_draft,
-        target_logits,
-        gamma=gamma,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=7000 + gamma,
-    )
-    assert counts[probs == 0].sum() == 0
-    assert p_value > ALPHA, f"reduced-vocabulary draft output does not follow the warped target (p={p_value:.3g})"
-    assert 0.05 < result.stats.acceptance_rate < 0.95
-
-
-@pytest.mark.slow
-def test_negative_control_reduced_vocabulary_wrong_residual_is_rejected(target, reduced_draft, target_logits):
-    p_value, result, _, _ = run_and_test(
-        target,
-        reduced_draft,
-        target_logits,
-        gamma=3,
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        seed=7100,
-        acceptance=ResampleFromTarget(),
-    )
-    assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"
-
-
 # --------------------------------------------------------------------------------------------- EAGLE head
-# A drafter that reads the target's hidden features (jaxspec.eagle): a random, peaked head over a reduced vocabulary
-# (q = 0 on ids 1 and 4). Its drafts depend on the target's features, fed back through the loop's observe hook; the
-# output must still be the warped target's, and the wrong residual must be caught through it as well.
+# A drafter that reads the target's hidden features (jaxspec.eagle): a random, peaked head over the same reduced
+# vocabulary. Its drafts depend on the target's features, fed back through the loop's observe hook.
 
 
 @pytest.fixture(scope="module")
@@ -544,36 +508,47 @@ def eagle_head(target):
     return eagle.EagleDrafter.for_target(target, eagle_model.init_own(cfg, seed=3), config=cfg, name="head")
 
 
+# drafter fixture -> (its cases (setting, γ), the seed base of those cases, the negative control's seed)
+RESTRICTED_DRAFTERS = {
+    "reduced_draft": ([("temp1", 3), ("topk3", 1)], 7000, 7100),
+    "eagle_head": ([("temp1", 1), ("temp1", 3), ("topp0.8", 2)], 8000, 8100),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("setting,gamma", [("temp1", 1), ("temp1", 3), ("topp0.8", 2)])
-def test_eagle_head_sampling_is_exact(target, eagle_head, target_logits, setting, gamma):
+@pytest.mark.parametrize(
+    "drafter,setting,gamma", [(d, s, g) for d, (cases, _, _) in RESTRICTED_DRAFTERS.items() for s, g in cases]
+)
+def test_restricted_vocabulary_drafters_sample_exactly(request, target, target_logits, drafter, setting, gamma):
+    """A reduced-vocabulary draft model and an EAGLE head: the output follows the warped target."""
     temperature, top_k, top_p = SETTINGS[setting]
     p_value, result, probs, counts = run_and_test(
         target,
-        eagle_head,
+        request.getfixturevalue(drafter),
         target_logits,
         gamma=gamma,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
-        seed=8000 + gamma,
+        seed=RESTRICTED_DRAFTERS[drafter][1] + gamma,
     )
     assert counts[probs == 0].sum() == 0
-    assert p_value > ALPHA, f"EAGLE-head output does not follow the warped target (p={p_value:.3g})"
+    assert p_value > ALPHA, f"{drafter}'s output does not follow the warped target (p={p_value:.3g})"
     assert 0.05 < result.stats.acceptance_rate < 0.95
 
 
 @pytest.mark.slow
-def test_negative_control_eagle_head_wrong_residual_is_rejected(target, eagle_head, target_logits):
+@pytest.mark.parametrize("drafter", list(RESTRICTED_DRAFTERS))
+def test_negative_control_restricted_drafters_wrong_residual_is_rejected(request, target, target_logits, drafter):
     p_value, result, _, _ = run_and_test(
         target,
-        eagle_head,
+        request.getfixturevalue(drafter),
         target_logits,
         gamma=3,
         temperature=1.0,
         top_k=None,
         top_p=None,
-        seed=8100,
+        seed=RESTRICTED_DRAFTERS[drafter][2],
         acceptance=ResampleFromTarget(),
     )
     assert 0.05 < result.stats.acceptance_rate < 0.95
