@@ -24,7 +24,11 @@ def main(argv=None):
     offline (``--data``). Bad flags exit through ``argparse`` (status 2)."""
     ap = argparse.ArgumentParser(prog="python -m jaxspec.distill", description=DESCRIPTION)
     ap.add_argument("--target", required=True, help="target model: a directory or a shipped name")
-    ap.add_argument("--draft", help="draft model to distill: a directory or a shipped name")
+    ap.add_argument(
+        "--draft",
+        help="draft model to distill: a directory or a shipped name (an EAGLE head goes on training from its "
+        "weights; --data only)",
+    )
     ap.add_argument(
         "--new-draft",
         metavar="SPEC",
@@ -85,6 +89,13 @@ def main(argv=None):
             return _run_eagle(args, target, spec)
         draft = make_draft(target, read_data(args.data) if args.data else None, seed=args.seed, **spec)
     else:
+        from jaxspec import eagle
+        from jaxspec.checkpoint import resolve
+
+        if eagle.is_head(resolve(args.draft)):  # go on training a head, e.g. on the user's own workload
+            if not args.data:
+                ap.error("--draft: an EAGLE head trains offline: give --data")
+            return _run_eagle(args, target, {}, init=eagle.load(args.draft, target))
         draft = load(args.draft, args.dtype)
     if args.data:
         return _run_offline(args, target, draft, save)
@@ -126,19 +137,20 @@ def _report(args, log, target, draft) -> None:
         print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
 
 
-def _run_eagle(args, target, spec):
-    """``--new-draft eagle=K[,vocab=N] --data``: ``distill_eagle.train_head``, α on ``--heldout`` if given,
-    ``--save-draft`` with ``jaxspec.eagle.save``."""
+def _run_eagle(args, target, spec, init=None):
+    """``--new-draft eagle=K[,vocab=N] --data`` (or ``--draft HEAD --data``: go on training ``init``):
+    ``distill_eagle.train_head``, α on ``--heldout`` if given, ``--save-draft`` with ``jaxspec.eagle.save``."""
     from jaxspec import eagle
     from jaxspec.distill_eagle import train_head
 
-    name = Path(args.save_draft).name if args.save_draft else "eagle"
+    name = Path(args.save_draft).name if args.save_draft else init.name if init else "eagle"
     head, log = train_head(
         target,
         args.data,
         out_dir=args.out,
-        num_layers=spec["eagle_layers"],
+        num_layers=spec.get("eagle_layers"),
         vocab=spec.get("vocab"),
+        init=init,
         steps=args.steps,
         batch_size=args.batch_size,
         window=args.window,

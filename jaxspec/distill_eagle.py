@@ -30,7 +30,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from jaxspec import eagle
+from jaxspec import eagle, families
 from jaxspec.distill import LOG_FILE
 from jaxspec.distill_offline import choose_vocab, read_data
 from jaxspec.model import CausalLM
@@ -145,8 +145,9 @@ def train_head(
     data,
     *,
     out_dir,
-    num_layers: int = 1,
+    num_layers: int | None = None,
     vocab: int | None = None,
+    init: eagle.EagleDrafter | None = None,
     steps: int = 1000,
     batch_size: int = 8,
     window: int = 256,
@@ -156,13 +157,22 @@ def train_head(
     checkpoint_every: int = 100,
     log_every: int = 25,
     progress: bool = True,
-    name: str = "eagle",
+    name: str | None = None,
 ) -> tuple[eagle.EagleDrafter, list]:
-    """Train a new ``num_layers``-layer head for ``target`` on ``data`` (a JSONL path or ``read_data``'s list),
-    restricted to the ``vocab`` ids most frequent in it (plus the EOS ids; None: the full vocabulary); resumes
-    from ``out_dir``. Returns the ``EagleDrafter`` and this call's log records (also appended to
-    ``out_dir/distill_log.jsonl``)."""
+    """Train a new ``num_layers``-layer head (default 1) for ``target`` on ``data`` (a JSONL path or
+    ``read_data``'s list), restricted to the ``vocab`` ids most frequent in it (plus the EOS ids; None: the full
+    vocabulary), or go on training the head ``init`` (e.g. a shipped head, tuned on your own workload's data; its
+    layers and vocabulary stay, so ``num_layers`` and ``vocab`` must not be given); resumes from ``out_dir``.
+    Returns the ``EagleDrafter`` and this call's log records (also appended to ``out_dir/distill_log.jsonl``)."""
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
+    if init is not None:
+        if not isinstance(init, eagle.EagleDrafter):
+            raise ValueError(f"init must be an EagleDrafter (jaxspec.eagle.load), got {type(init).__name__}")
+        if num_layers is not None or vocab is not None:
+            raise ValueError("init: the head keeps its own layers and vocabulary; do not give num_layers or vocab")
+        if init.target_config != target.config:
+            raise ValueError(f"init: the EAGLE head {init.name!r} was made for another target than {target.name!r}")
+    num_layers = 1 if num_layers is None else num_layers
     for key, value in (("steps", steps), ("batch_size", batch_size), ("window", window), ("num_layers", num_layers)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be an int >= 1, got {value!r}")
@@ -175,14 +185,21 @@ def train_head(
         eos = target.eos_token_id
         always = () if eos is None else [eos] if isinstance(eos, int) else eos
         vocab_ids = choose_vocab(records, vocab, vocab_size=target.vocab_size, always=always)
-    cfg = eagle_model.head_config(target.config, num_layers=num_layers, vocab_ids=vocab_ids)
+    if init is not None:
+        cfg = init.config
+    else:
+        cfg = eagle_model.head_config(target.config, num_layers=num_layers, vocab_ids=vocab_ids)
     out_dir = Path(out_dir).resolve()
     feats, offsets = extract_features(target, records, out_dir, progress=progress)
     longest = int(np.max(np.diff(offsets)))
     step_fn = train_step_fn(cfg, max(longest, window + 1) + 1)
     shared = eagle_model.shared_params(cfg, target.params)
     schedule = jnp.asarray([learning_rate, steps // 20 if warmup is None else warmup, steps], jnp.float32)
-    own = eagle_model.init_own(cfg, seed)
+    if init is not None:
+        own = families.stack_layers({k: init.params[k] for k in eagle_model.OWN})
+        own = jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), own)
+    else:
+        own = eagle_model.init_own(cfg, seed)
     state = {"params": own, "opt_state": make_optimizer(*schedule).init(own), "loss": jnp.float32(jnp.nan)}
     log = []
     with (
@@ -207,4 +224,5 @@ def train_head(
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 log.append(record)
                 append_jsonl(out_dir / LOG_FILE, record)
+    name = name or (init.name if init is not None else "eagle")
     return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name), log

@@ -12,7 +12,7 @@ import pytest
 from helpers import count_compiles, tiny_config
 
 import jaxspec
-from jaxspec import distill_eagle, eagle
+from jaxspec import distill_eagle, eagle, families
 from jaxspec.distill_offline import parse_spec
 from jaxspec.models import eagle as eagle_model
 from jaxspec.models import llama
@@ -221,3 +221,51 @@ def test_cli_trains_an_eagle_head_and_saves_it(tmp_path, target, data, capsys):
     assert loaded.name == "head" and len(loaded.config.vocab_ids) == 30 and loaded.config.num_layers == 1
     with pytest.raises(SystemExit):  # eagle=K trains offline only
         main(["--target", str(tmp_path / "target"), "--new-draft", "eagle=1", "--prompts", "p.jsonl", "--out", "o"])
+
+
+def test_training_goes_on_from_a_given_head(tmp_path, target, head, data):
+    """``init``: the head's weights, layers and vocabulary are where training starts (a step at a negligible
+    learning rate leaves them as they were; a new head starts elsewhere); wrong combinations are refused."""
+    kwargs = dict(steps=1, batch_size=2, window=16, learning_rate=1e-12, progress=False)
+    tuned, _ = distill_eagle.train_head(target, data[0], out_dir=tmp_path / "a", init=head, **kwargs)
+    fresh, _ = distill_eagle.train_head(
+        target, data[0], out_dir=tmp_path / "b", vocab=len(head.config.vocab_ids), **kwargs
+    )
+    assert tuned.config == head.config and tuned.name == head.name
+
+    def gap(a, b):
+        own = [families.stack_layers({k: d.params[k] for k in eagle_model.OWN}) for d in (a, b)]
+        return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(*map(jax.tree.leaves, own)))
+
+    assert gap(tuned, head) < 1e-6 < 1e-3 < gap(fresh, head)
+    with pytest.raises(ValueError, match="init"):
+        distill_eagle.train_head(target, data[0], out_dir=tmp_path / "c", init=head, vocab=30, **kwargs)
+    other = llama.init(tiny_config(hidden_size=48), seed=0)
+    with pytest.raises(ValueError, match="init"):
+        distill_eagle.train_head(other, data[0], out_dir=tmp_path / "d", init=head, **kwargs)
+
+
+def test_cli_goes_on_training_a_saved_head(tmp_path, target, head, data, capsys):
+    from jaxspec.distill import main
+
+    jaxspec.save(target, tmp_path / "target")
+    eagle.save(head, tmp_path / "head")
+    flags = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "head"), "--data", str(data[0])]
+    flags += ["--out", str(tmp_path / "run"), "--steps", "2", "--batch-size", "2", "--window", "16", "--no-progress"]
+    main([*flags, "--save-draft", str(tmp_path / "tuned")])
+    assert "final loss" in capsys.readouterr().out
+    tuned = eagle.load(tmp_path / "tuned", jaxspec.load(tmp_path / "target"))
+    assert tuned.config == head.config
+    with pytest.raises(SystemExit):  # a head trains offline only
+        main(
+            [
+                "--target",
+                str(tmp_path / "target"),
+                "--draft",
+                str(tmp_path / "head"),
+                "--prompts",
+                "p.jsonl",
+                "--out",
+                "o",
+            ]
+        )
