@@ -300,3 +300,25 @@ def test_continuous_flags_and_pool():
             parse_args(bad)
     budgets = mixed_lengths(1000, 128, seed=0)
     assert min(budgets) == 16 and max(budgets) == 128 and budgets == mixed_lengths(1000, 128, seed=0)
+
+
+def test_humaneval_flags_and_head_modes():
+    from jaxspec.bench.__main__ import parse_args
+    from jaxspec.bench.humaneval import AUTO_MODES, _kwargs
+
+    args = parse_args(["--humaneval", "--humaneval-modes", "plain,eagle,eagle-auto", "--eagle-gamma", "2"])
+    assert (args.mode, args.humaneval_modes, args.eagle_gamma, args.gamma) == (
+        "humaneval",
+        ["plain", "eagle", "eagle-auto"],
+        2,
+        4,
+    )
+    for bad in (["--humaneval", "--eagle-gamma", "0"], ["--humaneval", "--humaneval-modes", "eagle-magic"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    policies = {m: object() for m in AUTO_MODES}
+    head = object()
+    assert _kwargs("eagle", "draft", 4, policies, head, 2) == dict(draft=head, gamma=2)
+    assert _kwargs("eagle", "draft", 4, policies, head) == dict(draft=head, gamma=4)  # default: --gamma
+    auto_head = _kwargs("eagle-auto", "draft", 4, policies, head, 2)
+    assert auto_head["gamma"] == "auto" and auto_head["policy"] is policies["eagle-auto"] is not policies["auto"]

@@ -5,7 +5,9 @@ of ``--temperatures`` and batch size of ``--batches``, the prompts run in calls 
 each mode, modes interleaved call by call: plain decoding, the draft at fixed γ = ``--gamma``, the draft with
 ``gamma="auto"`` (one policy for the run) and prompt lookup at γ (``--humaneval-modes`` picks a subset; plain always
 runs; ``lookup-all``, only when asked, is prompt lookup as it was before it abstained: one-token matches, every
-round verified). A warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included).
+round verified), the EAGLE head (``eagle``, at ``--eagle-gamma``, default γ) and, only when asked, the head with
+``gamma="auto"`` (``eagle-auto``, its own policy). A warm-up call per mode and (rows, cache bucket) compiles first
+(auto's calibration included).
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
 between calls; a round's cost in plain steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
@@ -33,7 +35,9 @@ from jaxspec.policy import AutoGamma
 TARGET, DRAFT, HEAD = "smollm2-135m-instruct", "jaxspec/smollm2-draft", "jaxspec/smollm2-eagle"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
 DEFAULT_MODES = ("plain", "fixed", "auto", "lookup", "eagle")
-MODES = (*DEFAULT_MODES, "lookup-all")  # lookup-all runs only when asked (--humaneval-modes)
+MODES = (*DEFAULT_MODES, "eagle-auto", "lookup-all")  # the last two run only when asked (--humaneval-modes)
+HEAD_MODES = ("eagle", "eagle-auto")
+AUTO_MODES = ("auto", "eagle-auto")
 
 
 def load_problems(limit: int | None = None) -> list[dict]:
@@ -54,12 +58,13 @@ def prompt_ids(target, problems) -> list[list[int]]:
     return out
 
 
-def _kwargs(mode: str, draft, gamma: int, policy, head=None) -> dict:
+def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None) -> dict:
     return {
         "plain": dict(draft=None),
-        "eagle": dict(draft=head, gamma=gamma),
+        "eagle": dict(draft=head, gamma=head_gamma or gamma),
+        "eagle-auto": dict(draft=head, gamma="auto", policy=policies["eagle-auto"]),
         "fixed": dict(draft=draft, gamma=gamma),
-        "auto": dict(draft=draft, gamma="auto", policy=policy),
+        "auto": dict(draft=draft, gamma="auto", policy=policies["auto"]),
         "lookup": dict(draft="prompt_lookup", gamma=gamma),
         # the drafter before abstaining: one-token matches, every round verified
         "lookup-all": dict(draft=jaxspec.PromptLookup(3, 1, abstain=False), gamma=gamma),
@@ -76,7 +81,8 @@ def run(args) -> dict:
     load_s = time.perf_counter() - start
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
     modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", DEFAULT_MODES)]
-    head = eagle.load(getattr(args, "eagle_head", None) or HEAD, target) if "eagle" in modes else None
+    head = eagle.load(getattr(args, "eagle_head", None) or HEAD, target) if set(HEAD_MODES) & set(modes) else None
+    head_gamma = getattr(args, "eagle_gamma", None) or args.gamma
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -87,17 +93,19 @@ def run(args) -> dict:
     print(
         f"humaneval: target {target.name} {target.num_params / 1e6:.1f} M params, draft {draft.name} "
         f"{draft.num_params / 1e6:.1f} M; {len(ids)} problems ({min(map(len, ids))}-{max(map(len, ids))} prompt "
-        f"tokens, chat template), γ={args.gamma}, {args.max_new_tokens} new tokens, EOS {eos}",
+        f"tokens, chat template), γ={args.gamma} (EAGLE head {head_gamma}), {args.max_new_tokens} new tokens, "
+        f"EOS {eos}",
         flush=True,
     )
     cache_len = bucket_cache(max(map(len, ids)) + args.max_new_tokens)
     timer = measure.round_timer(
-        target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed, head=head
+        target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed, head, head_gamma
     )
-    policy = AutoGamma()
+    policies = {m: AutoGamma() for m in AUTO_MODES}  # one policy per auto mode for the whole run
     doc = {
         "mode": "humaneval",
         "gamma": args.gamma,
+        "head_gamma": head_gamma,
         "max_new_tokens": args.max_new_tokens,
         "problems": len(ids),
         "target_load_s": load_s,
@@ -115,7 +123,7 @@ def run(args) -> dict:
             calls = [ids[i : i + batch] for i in range(0, len(ids), batch)]
             base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
             totals = {m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0) for m in modes}
-            choices: dict[str, int] = {}
+            choices: dict[str, dict[str, int]] = {m: {} for m in AUTO_MODES}
             seen_buckets = set()
             for k, call in enumerate(calls):
                 bucket = (len(call), bucket_cache(max(map(len, call)) + args.max_new_tokens))
@@ -124,7 +132,11 @@ def run(args) -> dict:
                     for m in modes:
                         t0 = time.perf_counter()
                         s = jaxspec.generate(
-                            target, call, seed=args.seed, **base, **_kwargs(m, draft, args.gamma, policy, head)
+                            target,
+                            call,
+                            seed=args.seed,
+                            **base,
+                            **_kwargs(m, draft, args.gamma, policies, head, head_gamma),
                         ).stats
                         if m not in doc["first_compile_s"]:
                             doc["first_compile_s"][m] = {
@@ -138,7 +150,11 @@ def run(args) -> dict:
                             )
                 for m in modes:
                     s = jaxspec.generate(
-                        target, call, seed=args.seed + k, **base, **_kwargs(m, draft, args.gamma, policy, head)
+                        target,
+                        call,
+                        seed=args.seed + k,
+                        **base,
+                        **_kwargs(m, draft, args.gamma, policies, head, head_gamma),
                     ).stats
                     t = totals[m]
                     t["tokens"] += s.generated_tokens
@@ -147,12 +163,13 @@ def run(args) -> dict:
                     t["accepted"] += s.accepted
                     t["rounds"] += s.rounds
                     t["row_steps"] += s.target_passes
-                    if m == "auto" and s.policy:
+                    if m in AUTO_MODES and s.policy:
                         key = "plain" if s.policy.get("gamma", 0) == 0 else f"γ={s.policy['gamma']}"
-                        choices[key] = choices.get(key, 0) + 1
+                        choices[m][key] = choices[m].get(key, 0) + 1
                 timer.block(args.step_iters)
             c, v = measure.step_ratios(timer.medians(), args.gamma)
-            c_head = measure.head_ratio(timer.medians(), args.gamma) if head is not None else None
+            c_head = measure.head_ratio(timer.medians(), head_gamma) if head is not None else None
+            v_head = measure.step_ratios(timer.medians(), head_gamma)[1] if head is not None else None
             plain = totals["plain"]
             plain_tps = plain["tokens"] / plain["seconds"]
             plain_step = plain["seconds"] / max(plain["row_steps"], 1)
@@ -163,9 +180,9 @@ def run(args) -> dict:
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                cm = c_head if m == "eagle" else c
-                bound = tau / (args.gamma * cm + v) if m in ("fixed", "eagle") else None
-                bound_alpha = bound_cpu(alpha, args.gamma, cm, v) if bound and alpha is not None else None
+                g, cm, vm = (head_gamma, c_head, v_head) if m in HEAD_MODES else (args.gamma, c, v)
+                bound = tau / (g * cm + vm) if m in ("fixed", "eagle") else None
+                bound_alpha = bound_cpu(alpha, g, cm, vm) if bound and alpha is not None else None
                 row = {
                     "temperature": temp,
                     "batch": batch,
@@ -175,25 +192,27 @@ def run(args) -> dict:
                     "tok_s": tps,
                     "ratio": tps / plain_tps,
                     "round_cost": round_cost,
+                    "gamma": g if m not in ("plain", *AUTO_MODES) else None,
                     "c": cm,
-                    "v": v,
+                    "v": vm,
                     "bound": bound,
                     "bound_alpha_formula": bound_alpha,
                     "tokens": t["tokens"],
                     "seconds": t["seconds"],
                 }
-                if m == "auto":
-                    row["auto_choices"] = dict(choices)
+                if m in AUTO_MODES:
+                    row["auto_choices"] = dict(choices[m])
                 doc["rows"].append(row)
                 a = "-" if alpha is None else f"{alpha:.3f}"
                 b = "-" if bound is None else f"{bound:.2f}"
-                extra = f"  (chose {', '.join(f'{k} ×{n}' for k, n in sorted(choices.items()))})" if m == "auto" else ""
+                picked = ", ".join(f"{k} ×{n}" for k, n in sorted(choices.get(m, {}).items()))
+                extra = f"  (chose {picked})" if m in AUTO_MODES else ""
                 print(
                     f"{temp:>6g} | {batch:>5} | {m:>10} | {a:>5} | {tau:>5.2f} | {tps:>6.1f} | "
                     f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}",
                     flush=True,
                 )
-            head_c = "" if c_head is None else f", EAGLE head c {c_head:.3f}"
+            head_c = "" if c_head is None else f", EAGLE head (γ = {head_gamma}) c {c_head:.3f} v {v_head:.2f}"
             print(
                 f"{'':>6}   c {c:.3f}{head_c}, v {v:.2f} (batch-1 steps: target "
                 f"{timer.medians()['target_1'] * 1e3:.1f} ms)",

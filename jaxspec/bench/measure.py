@@ -86,10 +86,18 @@ def verify_key(gamma: int) -> str:
 
 
 def round_timer(
-    target: CausalLM, draft: CausalLM, gamma: int, cache_len: int, position: int, seed: int, head=None
+    target: CausalLM,
+    draft: CausalLM,
+    gamma: int,
+    cache_len: int,
+    position: int,
+    seed: int,
+    head=None,
+    head_gamma: int | None = None,
 ) -> StepTimer:
     """The steps of a round: one target step, the verify pass over γ+1 tokens, the draft's 1- and 2-token steps;
-    with an EAGLE ``head`` (``jaxspec.eagle.EagleDrafter``) also its 1-token step and its window pass over γ+1."""
+    with an EAGLE ``head`` (``jaxspec.eagle.EagleDrafter``) drafting ``head_gamma`` tokens (default γ) also its
+    1-token step, its window pass over ``head_gamma`` + 1 pairs and the verify pass over ``head_gamma`` + 1."""
     cases = {
         "target_1": (target, 1),
         "draft_1": (draft, 1),
@@ -97,7 +105,9 @@ def round_timer(
         verify_key(gamma): (target, gamma + 1),
     }
     if head is not None:
-        cases.update({"head_1": (head.as_model(), 1), "head_window": (head.as_model(), gamma + 1)})
+        hg = head_gamma or gamma
+        cases.update({"head_1": (head.as_model(), 1), "head_window": (head.as_model(), hg + 1)})
+        cases[verify_key(hg)] = (target, hg + 1)
     return StepTimer(cases, cache_len, position, seed=seed)
 
 
