@@ -4,7 +4,7 @@
     result.draft                                 # the same draft (apply_fn, config, tokenizer) with new params
     result.alpha_before, result.alpha_after      # {"greedy": α, "t1": α} on the held-out prompts
 
-    python -m jaxspec.distill --target jaxspec/code-target --draft jaxspec/code-draft --prompts p.jsonl \\
+    jaxspec distill --target jaxspec/code-target --draft jaxspec/code-draft --prompts p.jsonl \\
         --out runs/distill --steps 200 --save-draft checkpoints/code-draft-distilled
 
 Each step draws ``batch_size`` training prompts and continues them with ``jaxspec.generate`` at ``temperature``:
@@ -369,7 +369,7 @@ def distill(
 
 
 def main(argv=None):
-    """The ``jaxspec distill`` command (``python -m jaxspec.distill``); its flags live in ``jaxspec.distill_cli``.
+    """The ``jaxspec distill`` command; its flags live in ``jaxspec.distill_cli``.
     Returns the ``DistillResult`` (online) or the trained draft (offline, ``--data``)."""
     from jaxspec.distill_cli import main as cli_main
 

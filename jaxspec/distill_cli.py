@@ -1,4 +1,4 @@
-"""The ``jaxspec distill`` command (also ``python -m jaxspec.distill``): flags -> ``jaxspec.distill.distill``
+"""The ``jaxspec distill`` command: flags -> ``jaxspec.distill.distill``
 (online: ``--prompts``) or ``jaxspec.distill_offline.distill_offline`` (offline: ``--data``), on a loaded
 ``--draft`` or a ``--new-draft`` made for the target.
 
@@ -22,7 +22,7 @@ def main(argv=None):
     """Parse the ``jaxspec distill`` flags (``argv``; None: ``sys.argv``), load the models, train, print α and the
     final loss, save the draft with ``--save-draft``. Returns the ``DistillResult`` online, the trained draft
     offline (``--data``). Bad flags exit through ``argparse`` (status 2)."""
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.distill", description=DESCRIPTION)
+    ap = argparse.ArgumentParser(prog="jaxspec distill", description=DESCRIPTION)
     ap.add_argument("--target", required=True, help="target model: a directory or a shipped name")
     ap.add_argument(
         "--draft",

@@ -5,7 +5,7 @@
     jaxspec convert SRC DST [--to jaxspec|hf]          Hugging Face <-> jaxspec checkpoint directories
     jaxspec export-hf SRC DST                          the same as ``convert --to hf``
     jaxspec bench ...                                  ``python -m jaxspec.bench ...``
-    jaxspec distill ...                                ``python -m jaxspec.distill ...``
+    jaxspec distill ...                                (``jaxspec.distill_cli``)
 
 ``main(argv) -> int`` is the exit code: 0 success, 2 bad usage or inputs (reported before any model is loaded
 whenever it can be known then), 1 a failure at run time. Errors are one line, ``jaxspec: error: ...``, on stderr.
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "distill",
         add_help=False,
-        help="distill a draft from a target: 'jaxspec distill --help' (python -m jaxspec.distill)",
+        help="distill a draft from a target: 'jaxspec distill --help'",
     )
     return p
 
