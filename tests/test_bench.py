@@ -310,15 +310,21 @@ def test_humaneval_flags_and_head_modes():
     assert (args.mode, args.humaneval_modes, args.eagle_gamma, args.gamma) == (
         "humaneval",
         ["plain", "eagle", "eagle-auto"],
-        2,
+        [2],
         4,
     )
-    for bad in (["--humaneval", "--eagle-gamma", "0"], ["--humaneval", "--humaneval-modes", "eagle-magic"]):
+    assert parse_args(["--humaneval", "--eagle-gamma", "2,4"]).eagle_gamma == [2, 4]
+    for bad in (
+        ["--humaneval", "--eagle-gamma", "0"],
+        ["--humaneval", "--eagle-gamma", "2,0"],
+        ["--humaneval", "--humaneval-modes", "eagle-magic"],
+    ):
         with pytest.raises(SystemExit):
             parse_args(bad)
     policies = {m: object() for m in AUTO_MODES}
     head = object()
     assert _kwargs("eagle", "draft", 4, policies, head, 2) == dict(draft=head, gamma=2)
     assert _kwargs("eagle", "draft", 4, policies, head) == dict(draft=head, gamma=4)  # default: --gamma
+    assert _kwargs("eagle@3", "draft", 4, policies, head, 2) == dict(draft=head, gamma=3)  # one of several
     auto_head = _kwargs("eagle-auto", "draft", 4, policies, head, 2)
     assert auto_head["gamma"] == "auto" and auto_head["policy"] is policies["eagle-auto"] is not policies["auto"]

@@ -179,7 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--eagle-head", metavar="DIR", help="--humaneval: another EAGLE head (jaxspec.eagle.save's)")
     p.add_argument(
-        "--eagle-gamma", type=int, metavar="G", help="--humaneval: the EAGLE head's fixed γ (default --gamma)"
+        "--eagle-gamma",
+        type=lambda s: [int(x) for x in s.split(",")],
+        metavar="G[,G...]",
+        help="--humaneval: the EAGLE head's fixed γ (default --gamma); several: one eagle@G mode each, interleaved",
     )
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
     p.add_argument(
@@ -276,7 +279,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error("--slots and --pool must be >= 1")
     elif args.pair in ("shipped", "smollm2"):
         p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
-    if args.gamma < 1 or (args.eagle_gamma is not None and args.eagle_gamma < 1):
+    if args.gamma < 1 or (args.eagle_gamma is not None and min(args.eagle_gamma) < 1):
         p.error("--gamma and --eagle-gamma must be >= 1")
     bad = set(args.humaneval_modes) - set(HUMANEVAL_MODES)
     if bad:

@@ -58,7 +58,15 @@ def prompt_ids(target, problems) -> list[list[int]]:
     return out
 
 
+def head_gamma_of(mode: str, default: int) -> int:
+    """The γ of an ``eagle`` mode: ``eagle@G`` (one per ``--eagle-gamma`` value when several are given), else
+    ``default``."""
+    return int(mode.split("@")[1]) if "@" in mode else default
+
+
 def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None) -> dict:
+    if mode.startswith("eagle@"):
+        return dict(draft=head, gamma=head_gamma_of(mode, gamma))
     return {
         "plain": dict(draft=None),
         "eagle": dict(draft=head, gamma=head_gamma or gamma),
@@ -82,7 +90,11 @@ def run(args) -> dict:
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
     modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", DEFAULT_MODES)]
     head = eagle.load(getattr(args, "eagle_head", None) or HEAD, target) if set(HEAD_MODES) & set(modes) else None
-    head_gamma = getattr(args, "eagle_gamma", None) or args.gamma
+    head_gammas = tuple(getattr(args, "eagle_gamma", None) or (args.gamma,))
+    head_gamma = head_gammas[0]
+    if len(head_gammas) > 1 and "eagle" in modes:  # the head at each γ, interleaved like the other modes
+        at = modes.index("eagle")
+        modes[at : at + 1] = [f"eagle@{g}" for g in head_gammas]
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -93,19 +105,19 @@ def run(args) -> dict:
     print(
         f"humaneval: target {target.name} {target.num_params / 1e6:.1f} M params, draft {draft.name} "
         f"{draft.num_params / 1e6:.1f} M; {len(ids)} problems ({min(map(len, ids))}-{max(map(len, ids))} prompt "
-        f"tokens, chat template), γ={args.gamma} (EAGLE head {head_gamma}), {args.max_new_tokens} new tokens, "
-        f"EOS {eos}",
+        f"tokens, chat template), γ={args.gamma} (EAGLE head {','.join(map(str, head_gammas))}), "
+        f"{args.max_new_tokens} new tokens, EOS {eos}",
         flush=True,
     )
     cache_len = bucket_cache(max(map(len, ids)) + args.max_new_tokens)
     timer = measure.round_timer(
-        target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed, head, head_gamma
+        target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed, head, head_gammas
     )
     policies = {m: AutoGamma() for m in AUTO_MODES}  # one policy per auto mode for the whole run
     doc = {
         "mode": "humaneval",
         "gamma": args.gamma,
-        "head_gamma": head_gamma,
+        "head_gammas": list(head_gammas),
         "max_new_tokens": args.max_new_tokens,
         "problems": len(ids),
         "target_load_s": load_s,
@@ -168,8 +180,10 @@ def run(args) -> dict:
                         choices[m][key] = choices[m].get(key, 0) + 1
                 timer.block(args.step_iters)
             c, v = measure.step_ratios(timer.medians(), args.gamma)
-            c_head = measure.head_ratio(timer.medians(), head_gamma) if head is not None else None
-            v_head = measure.step_ratios(timer.medians(), head_gamma)[1] if head is not None else None
+            head_costs = {  # γ -> (c, v) of the head's round at that γ
+                g: (measure.head_ratio(timer.medians(), g), measure.step_ratios(timer.medians(), g)[1])
+                for g in (head_gammas if head is not None else ())
+            }
             plain = totals["plain"]
             plain_tps = plain["tokens"] / plain["seconds"]
             plain_step = plain["seconds"] / max(plain["row_steps"], 1)
@@ -180,8 +194,12 @@ def run(args) -> dict:
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                g, cm, vm = (head_gamma, c_head, v_head) if m in HEAD_MODES else (args.gamma, c, v)
-                bound = tau / (g * cm + vm) if m in ("fixed", "eagle") else None
+                if m in HEAD_MODES or m.startswith("eagle@"):
+                    g = head_gamma_of(m, head_gamma)
+                    cm, vm = head_costs[g]
+                else:
+                    g, cm, vm = args.gamma, c, v
+                bound = tau / (g * cm + vm) if m == "fixed" or (m.startswith("eagle") and m != "eagle-auto") else None
                 bound_alpha = bound_cpu(alpha, g, cm, vm) if bound and alpha is not None else None
                 row = {
                     "temperature": temp,
@@ -212,7 +230,7 @@ def run(args) -> dict:
                     f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}",
                     flush=True,
                 )
-            head_c = "" if c_head is None else f", EAGLE head (γ = {head_gamma}) c {c_head:.3f} v {v_head:.2f}"
+            head_c = "".join(f", EAGLE head γ = {g}: c {hc:.3f} v {hv:.2f}" for g, (hc, hv) in head_costs.items())
             print(
                 f"{'':>6}   c {c:.3f}{head_c}, v {v:.2f} (batch-1 steps: target "
                 f"{timer.medians()['target_1'] * 1e3:.1f} ms)",

@@ -93,11 +93,11 @@ def round_timer(
     position: int,
     seed: int,
     head=None,
-    head_gamma: int | None = None,
+    head_gammas: tuple[int, ...] = (),
 ) -> StepTimer:
     """The steps of a round: one target step, the verify pass over γ+1 tokens, the draft's 1- and 2-token steps;
-    with an EAGLE ``head`` (``jaxspec.eagle.EagleDrafter``) drafting ``head_gamma`` tokens (default γ) also its
-    1-token step, its window pass over ``head_gamma`` + 1 pairs and the verify pass over ``head_gamma`` + 1."""
+    with an EAGLE ``head`` (``jaxspec.eagle.EagleDrafter``) drafting G tokens for each G of ``head_gammas``
+    (default (γ,)) also its 1-token step, its window pass over G + 1 pairs and the verify pass over G + 1."""
     cases = {
         "target_1": (target, 1),
         "draft_1": (draft, 1),
@@ -105,16 +105,17 @@ def round_timer(
         verify_key(gamma): (target, gamma + 1),
     }
     if head is not None:
-        hg = head_gamma or gamma
-        cases.update({"head_1": (head.as_model(), 1), "head_window": (head.as_model(), hg + 1)})
-        cases[verify_key(hg)] = (target, hg + 1)
+        cases["head_1"] = (head.as_model(), 1)
+        for g in head_gammas or (gamma,):
+            cases[f"head_window_{g}"] = (head.as_model(), g + 1)
+            cases[verify_key(g)] = (target, g + 1)
     return StepTimer(cases, cache_len, position, seed=seed)
 
 
 def head_ratio(steps: dict[str, float], gamma: int) -> float:
     """An EAGLE head's c per draft token: its draft phase (the window pass over γ+1 pairs, then γ−1 one-token
     steps) ÷ γ ÷ one target step, so that τ/(γc+v) is its bound as for a draft model."""
-    return (steps["head_window"] + (gamma - 1) * steps["head_1"]) / gamma / steps["target_1"]
+    return (steps[f"head_window_{gamma}"] + (gamma - 1) * steps["head_1"]) / gamma / steps["target_1"]
 
 
 def step_ratios(steps: dict[str, float], gamma: int) -> tuple[float, float]:
