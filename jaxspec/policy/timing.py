@@ -19,8 +19,16 @@ from jaxspec.policy.cost import Costs
 
 
 @functools.cache
-def _step(apply_fn):
-    return jax.jit(apply_fn, donate_argnums=3)
+def _step(apply_fn, prefill: bool = False):
+    if not prefill:
+        return jax.jit(apply_fn, donate_argnums=3)
+
+    def cache_only(params, tokens, positions, cache):
+        # as in the loop's prefill, which keeps the cache alone: XLA then leaves out the LM head (a large part
+        # of a small model's prefill, most of an EAGLE head's)
+        return apply_fn(params, tokens, positions, cache)[-1]
+
+    return jax.jit(cache_only, donate_argnums=3)
 
 
 def _step_args(model, batch: int, cache_len: int, tokens: int) -> tuple:
@@ -36,8 +44,9 @@ def compile_all(lowered: dict) -> dict:
 
 
 def lower_steps(steps) -> dict:
-    """``{(model, batch, cache_len, tokens): Lowered}`` for the jitted ``apply_fn`` calls ``time_step`` makes."""
-    return {s: _step(s[0].apply_fn).lower(*_step_args(*s)) for s in steps}
+    """``{(model, batch, cache_len, tokens, prefill): Lowered}`` for the jitted ``apply_fn`` calls ``time_step``
+    makes (``prefill``: keeping the cache alone)."""
+    return {s: _step(s[0].apply_fn, s[4]).lower(*_step_args(*s[:4])) for s in steps}
 
 
 WARM_S = 0.1  # after the skipped calls, a call is repeated untimed for this long (at least once, at most 20 calls)
@@ -68,18 +77,27 @@ def _timed_calls(call, iters: int, skip: int, budget_s: float) -> float:
 
 
 def time_step(
-    model, batch: int, cache_len: int, tokens: int, iters: int = 5, executable=None, budget_s: float = math.inf
+    model,
+    batch: int,
+    cache_len: int,
+    tokens: int,
+    iters: int = 5,
+    executable=None,
+    budget_s: float = math.inf,
+    prefill: bool = False,
 ) -> float:
     """Median seconds of one jitted ``model.apply_fn`` call on ``tokens: [batch, tokens]`` at positions from
     ``cache_len // 2`` into a fresh cache of ``cache_len`` (donated and threaded, as inside the loop), over
     ``iters`` calls (fewer, at least one, once they add up to ``budget_s``) after a warm-up call (and a compile
-    unless ``executable``, that call already compiled, e.g. by ``compile_all(lower_steps(...))``, is given)."""
-    fn = executable or _step(model.apply_fn)
+    unless ``executable``, that call already compiled, e.g. by ``compile_all(lower_steps(...))``, is given).
+    ``prefill``: the call keeps the cache alone, as the loop's prefill does, so no logits are computed."""
+    fn = executable or _step(model.apply_fn, prefill)
     params, toks, pos, cache = _step_args(model, batch, cache_len, tokens)
     state = [cache]
 
     def call():
-        _, state[0] = jax.block_until_ready(fn(params, toks, pos, state[0]))
+        out = jax.block_until_ready(fn(params, toks, pos, state[0]))
+        state[0] = out if prefill else out[1]
 
     return _timed_calls(call, iters, 1 if executable is not None else 2, budget_s)  # warm-up (+ compile)
 
@@ -203,7 +221,8 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``, from standalone model steps (each
     compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1 tokens (γ of
     ``verify_gammas``; the others ``interpolate``d) and over ``prefill_tokens`` prompt tokens, the draft over 1
-    and the prompt tokens; and one warp-and-draw over the target's vocabulary (``time_sampling``).
+    and the prompt tokens (the prefills keep the cache alone, as the loop's do: no LM head); and one warp-and-draw
+    over the target's vocabulary (``time_sampling``).
     ``round_timer(gammas)``: seconds per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds
     it from ``time_rounds`` (this compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it
     ``Costs.round`` is None."""
@@ -213,23 +232,24 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     has_model = hasattr(draft, "apply_fn")
     gammas = tuple(sorted(set(gammas)))
     timed_gammas = verify_gammas(gammas)
-    steps = [(target, batch, cache_len, n) for n in sorted({1, tokens, *(g + 1 for g in timed_gammas)})]
+    steps = [(target, batch, cache_len, n, False) for n in sorted({1, *(g + 1 for g in timed_gammas)})]
+    steps.append((target, batch, cache_len, tokens, True))
     if has_model:
-        steps += [(draft, batch, cache_len, 1), (draft, batch, cache_len, tokens)]
+        steps += [(draft, batch, cache_len, 1, False), (draft, batch, cache_len, tokens, True)]
     lowered = lower_steps(steps)
     lowered["draw"] = lower_sampling(batch, target.vocab_size)
     compiled = compile_all(lowered)  # every program at once, on parallel threads
 
-    def timed(model, n):
-        exe = compiled[(model, batch, cache_len, n)]
-        return time_step(model, batch, cache_len, n, iters=iters, executable=exe, budget_s=STEP_BUDGET_S)
+    def timed(model, n, prefill=False):
+        exe = compiled[(model, batch, cache_len, n, prefill)]
+        return time_step(model, batch, cache_len, n, iters, exe, STEP_BUDGET_S, prefill)
 
     step_s = timed(target, 1)
     v = interpolate({0: 1.0, **{g: timed(target, g + 1) / step_s for g in timed_gammas}}, gammas)
-    target_prefill = timed(target, tokens) / step_s
+    target_prefill = timed(target, tokens, True) / step_s
     if has_model:
         c = timed(draft, 1) / step_s
-        prefill = timed(draft, tokens) / step_s
+        prefill = timed(draft, tokens, True) / step_s
     else:  # prompt lookup: no model
         c, prefill = 0.0, 0.0
     draw = time_sampling(batch, target.vocab_size, iters, executable=compiled["draw"]) / step_s
