@@ -89,6 +89,11 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
     except json.JSONDecodeError as err:
         raise ValueError(f"{directory / META} is corrupted: {err}") from None
     known = {f.name: f for f in families.registered()}
+    if meta.get("kind") == "eagle-head":  # jaxspec.eagle.KIND (not imported: eagle imports this module)
+        raise ValueError(
+            f"{directory} is an EAGLE head, not a model: it drafts from its target's features, so load it with "
+            "jaxspec.eagle.load(path, target) and pass it as draft= (on the command line, --draft takes it as is)"
+        )
     if meta.get("family") not in known:
         raise ValueError(
             f"unknown model family {meta.get('family')!r} in {directory / META}; supported: {sorted(known)}"

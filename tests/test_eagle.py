@@ -108,6 +108,8 @@ def test_load_errors(tmp_path, target, head):
     wider = llama.init(tiny_config(hidden_size=128), seed=0)
     with pytest.raises(ValueError, match="hidden_size 64.*made for another target"):
         eagle.load(path, wider)
+    with pytest.raises(ValueError, match=r"is an EAGLE head, not a model.*jaxspec\.eagle\.load\(path, target\)"):
+        jaxspec.load(path)  # a model loader given a head says which loader takes it
 
 
 def test_a_head_for_another_target_is_refused_before_compiling(head):
