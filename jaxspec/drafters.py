@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +72,7 @@ class Drafter:
 
     name: str = "drafter"
     features: bool = False  # True: the loop runs the target through target_features and calls observe
+    default_gamma: ClassVar[int] = 4  # the γ of a call that names none (``generate(gamma=None)``)
 
     def init_state(self, batch: int, cache_len: int) -> Any:
         """The drafter's state for ``batch`` rows and ``cache_len`` positions (None: stateless)."""

@@ -164,7 +164,7 @@ class Engine:
         target: CausalLM,
         *,
         draft=None,
-        gamma: int | str = 4,
+        gamma: int | str | None = None,
         slots: int = 8,
         max_length: int | None = None,
         max_new_tokens: int = 64,

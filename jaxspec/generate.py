@@ -131,7 +131,7 @@ def prepare(
     prompts,
     *,
     draft=None,
-    gamma=4,
+    gamma=None,
     max_new_tokens=64,
     temperature=1.0,
     top_k=None,
@@ -253,7 +253,7 @@ def generate(
     prompts,
     *,
     draft: CausalLM | PromptLookup | str | None = None,
-    gamma: int | str = 4,
+    gamma: int | str | None = None,
     max_new_tokens: int | Sequence[int] = 64,
     temperature: float | Sequence[float] = 1.0,
     top_k: int | Sequence[int | None] | None = None,
@@ -277,7 +277,8 @@ def generate(
         autoregressive decoding.
       gamma: draft tokens per round (static: each value compiles once), or ``"auto"``: pick γ among a few
         compiled values, or plain decoding, from measured costs and the acceptance seen so far
-        (``jaxspec.policy``; the decision and its inputs are in ``stats.policy``).
+        (``jaxspec.policy``; the decision and its inputs are in ``stats.policy``). None: the drafter's own default
+        (``Drafter.default_gamma``: 2 for an EAGLE head, 4 for a draft model or prompt lookup).
       max_new_tokens: int or one int per prompt (traced).
       temperature: warping applied to target and draft alike, a number or one per prompt (traced: never
         recompiles); 0 is greedy, so greedy and sampled rows can share a call.
@@ -375,7 +376,7 @@ def stream(
     prompts,
     *,
     draft: CausalLM | PromptLookup | str | None = None,
-    gamma: int | str = 4,
+    gamma: int | str | None = None,
     max_new_tokens: int | Sequence[int] = 64,
     temperature: float | Sequence[float] = 1.0,
     top_k: int | Sequence[int | None] | None = None,
@@ -397,7 +398,7 @@ def stream(
       target: the model whose distribution the output follows exactly.
       prompts: token-id lists, an int array ``[B, T]``, or strings (needs a tokenizer).
       draft: a draft ``CausalLM``, ``"prompt_lookup"`` / a ``jaxspec.PromptLookup``, or None (plain decoding).
-      gamma: draft tokens per round, or ``"auto"``.
+      gamma: draft tokens per round, ``"auto"``, or None (the drafter's default, as in ``generate``).
       max_new_tokens: int or one int per prompt.
       temperature, top_k, top_p: each a number or one per prompt (traced: never recompiles); temperature 0 is
         greedy, top_k 0/None and top_p 1/None are off.

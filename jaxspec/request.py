@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from jaxspec import sharding
 from jaxspec.acceptance import RejectionSampler
-from jaxspec.drafters import PromptLookup, as_drafter
+from jaxspec.drafters import Drafter, PromptLookup, as_drafter
 from jaxspec.model import CausalLM
 from jaxspec.policy import AutoGamma
 
@@ -243,7 +243,7 @@ def make_request(
     prompts,
     *,
     draft=None,
-    gamma=4,
+    gamma=None,
     max_new_tokens=64,
     temperature=1.0,
     top_k=None,
@@ -278,6 +278,8 @@ def make_request(
                 f"draft vocab_size ({draft.vocab_size}) != target vocab_size ({target.vocab_size}); "
                 "draft and target must share one vocabulary"
             )
+    if gamma is None:  # the drafter's own default (a draft model's: the base class's)
+        gamma = (lookup or Drafter).default_gamma
     auto = isinstance(gamma, str) and gamma == "auto"
     if not auto and (not is_int(gamma) or gamma < 1):
         raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")

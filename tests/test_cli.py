@@ -135,6 +135,27 @@ def test_bad_usage_is_one_line_and_exit_2(argv, needle, capsys, no_models):
 # --------------------------------------------------------------------------------------------- one prompt
 
 
+def test_default_draft_is_the_targets_own_drafter_at_its_own_gamma(pair, monkeypatch, capsys):
+    from jaxspec import eagle
+    from jaxspec.checkpoint import resolve
+    from jaxspec.cli.models import default_draft
+
+    own = default_draft("smollm2-135m-instruct")
+    assert own == "jaxspec/smollm2-eagle" and eagle.is_head(resolve(own))  # SmolLM2's shipped EAGLE head
+    assert default_draft(pair["target_dir"]) == "prompt_lookup"  # a target with no drafter of its own
+    seen = {}
+
+    def stream(target, prompts, **kwargs):
+        seen.update(kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jaxspec, "stream", stream)
+    assert cli.main(["generate", "def f(x):", "--target", pair["target_dir"]]) == 130
+    assert seen["draft"] == "prompt_lookup" and seen["gamma"] is None  # None: the drafter's default γ
+    cli.main(["generate", "def f(x):", "--target", pair["target_dir"], "--draft", pair["draft_dir"], "--gamma", "3"])
+    assert seen["draft"].name == "draft" and seen["gamma"] == 3
+
+
 def test_single_prompt_streams_the_generated_text(pair, monkeypatch, capsys):
     pieces = []
     real = sys.stdout

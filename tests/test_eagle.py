@@ -65,6 +65,12 @@ def test_greedy_with_a_head_equals_plain(target, head, gamma):
     assert spec.stats.mode == "speculative" and spec.stats.drafted > 0
 
 
+def test_a_head_drafts_two_tokens_unless_told(target, head):
+    assert eagle.EagleDrafter.default_gamma == 2  # its acceptance falls along a draft (README, HumanEval)
+    assert jaxspec.generate(target, PROMPTS, draft=head, max_new_tokens=4).stats.gamma == 2
+    assert jaxspec.generate(target, PROMPTS, draft=head, gamma=3, max_new_tokens=4).stats.gamma == 3
+
+
 def test_engine_with_a_head_equals_plain(target, head):
     prompts = PROMPTS * 3
     plain = jaxspec.generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_token_id=())

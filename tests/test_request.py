@@ -70,6 +70,21 @@ def test_fixed_gamma_decision_and_prepared(target, small_draft):
     assert tparams is target.params and dparams is small_draft.params
 
 
+def test_gamma_none_is_the_drafters_default(target, small_draft):
+    """A call that names no γ gets its drafter's own (``Drafter.default_gamma``); a named γ wins."""
+    from jaxspec.drafters import Drafter, PromptLookup
+
+    class Short(PromptLookup):
+        default_gamma = 2
+
+    assert Drafter.default_gamma == 4
+    assert make_request(target, [[1, 2]], draft=small_draft).gamma == 4  # a draft model: the base default
+    assert make_request(target, [[1, 2]], draft="prompt_lookup").gamma == 4
+    assert make_request(target, [[1, 2]], draft=Short()).gamma == 2
+    assert make_request(target, [[1, 2]], draft=Short(), gamma=3).gamma == 3
+    assert make_request(target, [[1, 2]], draft=Short(), gamma="auto").auto
+
+
 def test_per_row_sampling_values(target):
     """temperature / top_k / top_p: one value for every prompt, or one per prompt (None: off), as [N] arrays; the
     traced inputs carry them per row, padding rows greedy and unfiltered."""

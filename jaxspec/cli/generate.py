@@ -8,7 +8,14 @@ import sys
 
 from jaxspec.cli import batch
 from jaxspec.cli.common import CliError
-from jaxspec.cli.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_models, gen_kwargs, load_models
+from jaxspec.cli.models import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    check_models,
+    default_draft,
+    gen_kwargs,
+    load_models,
+)
 
 GENERATE_HELP = """\
 Generate with the target model, speculatively when a draft is given (the output has the target's distribution).
@@ -88,9 +95,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--draft",
-        default=DEFAULT_DRAFT,
-        help=f"draft model like --target; 'none' = plain decoding, 'prompt_lookup' = n-gram drafts from "
-        f"the prompt (default {DEFAULT_DRAFT})",
+        help=f"draft model or EAGLE head like --target; 'none' = plain decoding, 'prompt_lookup' = n-gram drafts "
+        f"from the prompt (default: the target's shipped drafter, {default_draft(DEFAULT_TARGET)} for "
+        f"{DEFAULT_TARGET}; {DEFAULT_DRAFT} for other targets)",
     )
     g.add_argument(
         "--dtype",
@@ -107,7 +114,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
-    g.add_argument("--gamma", type=gamma_arg, default=4, help="draft tokens per round, or 'auto' (default 4)")
+    g.add_argument(
+        "--gamma",
+        type=gamma_arg,
+        help="draft tokens per round, or 'auto' (default: the drafter's, 2 for an EAGLE head, 4 otherwise)",
+    )
     g.add_argument("--max-new-tokens", type=positive, default=128, help="per prompt (default 128)")
     g.add_argument(
         "--temperature",
@@ -263,6 +274,8 @@ def compilation_cache(value: str | None):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """``jaxspec generate``: the batch job with ``--input``, else one prompt; returns the exit code."""
+    if args.draft is None:
+        args.draft = default_draft(args.target)
     compilation_cache(args.compilation_cache)
     if args.input is not None:
         return batch.run(args)

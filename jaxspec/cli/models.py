@@ -9,9 +9,18 @@ from pathlib import Path
 from jaxspec.cli.common import CliError
 
 DEFAULT_TARGET = "smollm2-135m-instruct"  # a named model: SmolLM2-135M-Instruct (GGUF, fetched once; jaxspec.named)
-# Its shipped draft (jaxspec/smollm2-draft, greedy α ≈ 0.19 on HumanEval) still loses to plain decoding on CPU;
-# prompt lookup is what speeds SmolLM2 up (README, HumanEval table), so it is the default drafter.
+# The default --draft: the target's own shipped drafter (``NamedModel.drafter``: SmolLM2's EAGLE head, the fastest
+# drafter on HumanEval), else prompt lookup, which needs no weights.
 DEFAULT_DRAFT = "prompt_lookup"
+
+
+def default_draft(target: str) -> str:
+    """The ``--draft`` of a command line that names none: ``target``'s shipped drafter when it is a named model
+    that has one (``jaxspec.named``), else ``DEFAULT_DRAFT``."""
+    from jaxspec import named
+
+    own = named.MODELS[target].drafter if named.is_model(target) and not Path(target).exists() else ""
+    return own or DEFAULT_DRAFT
 
 
 def is_none(draft: str) -> bool:
