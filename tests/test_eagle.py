@@ -78,6 +78,15 @@ def test_engine_with_a_head_equals_plain(target, head):
     rows = sorted(engine.run(prompts), key=lambda r: r.index)
     assert [r.tokens for r in rows] == plain.tokens
     assert sum(r.stats.drafted for r in rows) > 0
+    # the batch job's --gamma auto with a head (the CLI's default drafter for SmolLM2), made to speculate
+    policy = jaxspec.policy.AutoGamma(gammas=(2,), margin=0.0)
+    policy.set_alpha(target, head, True, 0.95)
+    auto = jaxspec.Engine(
+        target, draft=head, gamma="auto", policy=policy, slots=4, max_new_tokens=24, temperature=0.0, eos_token_id=()
+    )
+    run = auto.run(prompts)
+    assert [r.tokens for r in sorted(run, key=lambda r: r.index)] == plain.tokens
+    assert run.stats.gamma == run.stats.policy["gamma"] == 2 and run.stats.drafted > 0
 
 
 def test_observe_writes_features_at_their_positions(head):
