@@ -88,8 +88,10 @@ def load_orbax(directory: str | Path, dtype: str | None = None, sharding: Any = 
         raise FileNotFoundError(f"{directory} is not a jaxspec model directory (no {META})") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{directory / META} is corrupted: {err}") from None
+    from jaxspec import eagle  # here: jaxspec.eagle imports this module in its own functions
+
     known = {f.name: f for f in families.registered()}
-    if meta.get("kind") == "eagle-head":  # jaxspec.eagle.KIND (not imported: eagle imports this module)
+    if meta.get("kind") == eagle.KIND:
         raise ValueError(
             f"{directory} is an EAGLE head, not a model: it drafts from its target's features, so load it with "
             "jaxspec.eagle.load(path, target) and pass it as draft= (on the command line, --draft takes it as is)"
@@ -189,7 +191,7 @@ def load(
     """
     from jaxspec import named
 
-    if isinstance(path, str) and named.is_model(path) and not Path(path).exists():
+    if named.names_model(path):
         path = named.path(path)
     path = resolve(path)
     if is_orbax_model(path):

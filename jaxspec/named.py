@@ -82,6 +82,12 @@ def is_model(name: str) -> bool:
     return name in MODELS and MODELS[name].member.endswith(".gguf")
 
 
+def names_model(value) -> bool:
+    """Whether ``value`` (a string or path) names a named model rather than a file or directory: a named model's
+    name with no such path in the working directory (a path of that name wins)."""
+    return isinstance(value, str) and is_model(value) and not Path(value).exists()
+
+
 class FetchError(RuntimeError):
     """A named model is neither installed nor cached and could not be fetched."""
 

@@ -41,7 +41,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from jaxspec import named
     from jaxspec.checkpoint import resolve
 
-    if named.is_model(args.src) and not Path(args.src).exists():
+    if named.names_model(args.src):
         src = args.src  # a named model (GGUF), resolved by jaxspec.load
     else:
         try:

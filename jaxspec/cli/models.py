@@ -4,7 +4,6 @@ before anything is loaded, then loaded, and the keyword arguments of ``jaxspec.g
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from jaxspec.cli.common import CliError
 
@@ -19,7 +18,7 @@ def default_draft(target: str) -> str:
     that has one (``jaxspec.named``), else ``DEFAULT_DRAFT``."""
     from jaxspec import named
 
-    own = named.MODELS[target].drafter if named.is_model(target) and not Path(target).exists() else ""
+    own = named.MODELS[target].drafter if named.names_model(target) else ""
     return own or DEFAULT_DRAFT
 
 
@@ -34,7 +33,7 @@ def check_model_arg(value: str, flag: str) -> None:
     from jaxspec import named
     from jaxspec.checkpoint import resolve
 
-    if named.is_model(value) and not Path(value).exists():
+    if named.names_model(value):
         return  # a failed fetch says what to run
     try:
         path = resolve(value)
