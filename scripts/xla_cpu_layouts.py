@@ -89,34 +89,28 @@ def layouts(cfg, params):
             layer = layer[p]
         return layer["kernel"]
 
-    fm_weights = {
-        "embed": embed,
-        "final": params["final_norm"]["scale"],
-        "layers": tuple(
-            dict(
-                n1=lw["input_norm"]["scale"],
-                n2=lw["post_attn_norm"]["scale"],
-                **{n: _transposed(kernel(lw, "attn", f"{n}_proj")) for n in "qkvo"},
-                **{n[0]: _transposed(kernel(lw, "mlp", n)) for n in ("gate_proj", "up_proj", "down_proj")},
-            )
+    def table(layer_weights):
+        """The weights of one layout: embedding, final norm and per layer its norms plus ``layer_weights(layer)``."""
+        layers = tuple(
+            dict(n1=lw["input_norm"]["scale"], n2=lw["post_attn_norm"]["scale"], **layer_weights(lw))
             for lw in params["layers"]
-        ),
-    }
-    fused_weights = {
-        "embed": embed,
-        "final": params["final_norm"]["scale"],
-        "layers": tuple(
-            dict(
-                n1=lw["input_norm"]["scale"],
-                n2=lw["post_attn_norm"]["scale"],
-                qkv=jnp.concatenate([kernel(lw, "attn", f"{n}_proj") for n in "qkv"], axis=1),
-                o=kernel(lw, "attn", "o_proj"),
-                gu=jnp.concatenate([kernel(lw, "mlp", "gate_proj"), kernel(lw, "mlp", "up_proj")], axis=1),
-                d=kernel(lw, "mlp", "down_proj"),
-            )
-            for lw in params["layers"]
-        ),
-    }
+        )
+        return {"embed": embed, "final": params["final_norm"]["scale"], "layers": layers}
+
+    fm_weights = table(
+        lambda lw: {
+            **{n: _transposed(kernel(lw, "attn", f"{n}_proj")) for n in "qkvo"},
+            **{n[0]: _transposed(kernel(lw, "mlp", n)) for n in ("gate_proj", "up_proj", "down_proj")},
+        }
+    )
+    fused_weights = table(
+        lambda lw: dict(
+            qkv=jnp.concatenate([kernel(lw, "attn", f"{n}_proj") for n in "qkv"], axis=1),
+            o=kernel(lw, "attn", "o_proj"),
+            gu=jnp.concatenate([kernel(lw, "mlp", "gate_proj"), kernel(lw, "mlp", "up_proj")], axis=1),
+            d=kernel(lw, "mlp", "down_proj"),
+        )
+    )
     return {
         "feature-major": (feature_major(True), fm_weights),
         "feature-major-nohead": (feature_major(False), fm_weights),
