@@ -125,10 +125,18 @@ def release_all() -> None:
 
 def compile_lowered(lowered: dict) -> dict:
     """``{key: executable}`` for ``{key: jax Lowered}``, after ``make_room()``, compiled on parallel threads (XLA
-    compiles without holding Python's lock, so on several cores this takes about as long as the slowest one)."""
+    compiles without holding Python's lock, so on several cores this takes about as long as the slowest one).
+
+    A value may also be a function of no arguments that returns the ``Lowered``: those are called here, in turn,
+    and each program starts compiling as soon as it is lowered, so tracing the next one (which holds the lock)
+    overlaps compiling the ones before."""
     if not lowered:
         return {}
     make_room()
     workers = max(1, min(len(lowered), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(lowered, pool.map(lambda lw: lw.compile(), lowered.values())))
+        futures = {}
+        for key, item in lowered.items():
+            program = item if isinstance(item, jax.stages.Lowered) else item()
+            futures[key] = pool.submit(program.compile)
+        return {key: future.result() for key, future in futures.items()}

@@ -192,9 +192,24 @@ def run(prep: Prepared) -> tuple[loop.State, float, float]:
     if prep.decision is None:
         state, compile_s = loop.generate_program(prep.spec, tparams, dparams, prep.inputs)
     else:  # gamma="auto": a prefill, then the rounds program (timed apart: the policy learns its round cost)
-        state, compile_s = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
-        state = jax.block_until_ready(state)
         limit = inputs_lib.replicated_scalar(prep.spec.mesh, np.iinfo(np.int32).max)
+        state = loop.prefilled_state(prep.spec, tparams, dparams, prep.inputs)
+        compile_s = loop.compile_programs(  # both compiled at once, before either runs
+            [
+                (loop.prefill_program, prep.spec, tparams, dparams, prep.inputs),
+                (loop.rounds_program, prep.spec, tparams, dparams, state, limit, limit),
+            ]
+        )
+        before = time.perf_counter()
+        state, seconds = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
+        state = jax.block_until_ready(state)
+        compile_s += seconds
+        key = mesh_key(prep.spec.mesh, prep.shard_draft)
+        batch, prompt_tokens = prep.inputs.prompt.shape
+        prefill_s = time.perf_counter() - before - seconds
+        prep.policy.observe_prefill(
+            prep.target, prep.drafter, batch, prep.spec.cache_len, prep.spec.gamma, prompt_tokens, prefill_s, key
+        )
         before = time.perf_counter()
         state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, limit, limit)
         rounds = int(np.max(sharding.to_host(state.rounds)))
@@ -202,12 +217,12 @@ def run(prep: Prepared) -> tuple[loop.State, float, float]:
         prep.policy.observe_rounds(
             prep.target,
             prep.drafter,
-            prep.inputs.prompt.shape[0],
+            batch,
             prep.spec.cache_len,
             prep.spec.gamma,
             time.perf_counter() - before - seconds,
             rounds,
-            mesh_key(prep.spec.mesh, prep.shard_draft),
+            key,
         )
     state = jax.block_until_ready(state)
     return state, time.perf_counter() - start - compile_s, compile_s

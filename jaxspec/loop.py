@@ -296,20 +296,7 @@ class Program:
         """Compile the programs of ``calls`` (``(spec, *args)`` tuples) not compiled yet, on parallel threads (XLA
         compiles without holding Python's lock, so on a machine with several cores this takes about as long as the
         slowest one); returns the seconds it took. Later calls with those signatures compile nothing."""
-        todo = {}
-        for spec, *args in calls:
-            args = tuple(args)  # the pytree structure is part of the signature, as in __call__
-            key = (spec, _signature(args))
-            if key not in self._executables:
-                todo[key] = self.lower(spec, *args)  # tracing and lowering hold the lock: done here, in turn
-        if not todo:
-            return 0.0
-        start = time.perf_counter()
-        compiled = executables.compile_lowered(todo)
-        for key, executable in compiled.items():
-            self._executables.put(key, executable)
-        self.compiles += len(compiled)
-        return time.perf_counter() - start
+        return compile_programs([(self, *call) for call in calls])
 
     def cache_size(self) -> int:
         """Number of compiled executables held now (least recently used ones are released: ``compiles`` counts
@@ -319,6 +306,43 @@ class Program:
     def clear(self) -> None:
         """Drop every compiled executable (the next call compiles again)."""
         self._executables.clear()
+
+
+def compile_programs(calls) -> float:
+    """Compile ``calls`` (``(program, spec, *args)`` tuples; arguments may be ``jax.ShapeDtypeStruct``s with the
+    shardings the real ones will have) that their ``Program`` has not compiled yet, each lowered in turn and
+    compiled on parallel threads as soon as it is lowered; returns the seconds it took (lowering included). Later
+    calls with those signatures compile nothing."""
+    todo = {}
+    for program, spec, *args in calls:
+        args = tuple(args)  # the pytree structure is part of the signature, as in Program.__call__
+        key = (spec, _signature(args))
+        if key not in program._executables:
+            # tracing and lowering hold the lock: done in turn, each overlapping the compiles before it
+            todo[(program, key)] = functools.partial(program.lower, spec, *args)
+    if not todo:
+        return 0.0
+    start = time.perf_counter()
+    for (program, key), executable in executables.compile_lowered(todo).items():
+        program._executables.put(key, executable)
+        program.compiles += 1
+    return time.perf_counter() - start
+
+
+def prefilled_state(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
+    """The ``State`` that ``prefill_program`` returns for these arguments, as ``jax.ShapeDtypeStruct``s with its
+    shardings (``state_shardings`` on a mesh, else the inputs' device), to compile ``rounds_program`` beside the
+    prefill (``compile_programs``) before the prefill has run."""
+    # through the program's own jit, whose trace its lowering then reuses
+    shapes = prefill_program.jitted.eval_shape(spec, target_params, draft_params, inputs)
+    if spec.mesh is not None:
+        where = state_shardings(spec, shapes)
+    else:
+        device = inputs.prompt.sharding
+        where = jax.tree.map(lambda _: device, shapes)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s, weak_type=x.weak_type), shapes, where
+    )
 
 
 def _signature(args) -> tuple:

@@ -24,17 +24,20 @@ def test_expected_speedup_by_hand():
     assert expected_tokens([0.8] * 4, 4) == pytest.approx(3.3616)
 
 
-def test_verify_is_timed_at_every_other_candidate_and_interpolated_between():
+def test_verify_is_timed_at_one_candidate_and_interpolated_from_it():
     from jaxspec.policy.timing import interpolate, verify_gammas
 
-    # with γ = 0 (v = 1) among them: 6, 4, 2, 1, 0 going down -> every other: 6, 2 (0 is the plain step itself)
-    assert verify_gammas((6, 1, 4, 2)) == (2, 6)
-    assert verify_gammas((1, 2, 3, 4, 5, 6, 7, 8)) == (2, 4, 6, 8)
+    # the candidate nearest the mean: (1, 2, 4, 6) -> mean 3.25 -> 4; a tie takes the larger
+    assert verify_gammas((6, 1, 4, 2)) == (4,)
+    assert verify_gammas((1, 2, 3, 4, 5, 6, 7, 8)) == (5,)
     assert verify_gammas((4,)) == (4,) and verify_gammas((2, 3)) == (3,)
     # v(4) between v(2) = 1.3 and v(6) = 1.9: 1.3 + 0.6 * (4 - 2) / (6 - 2) = 1.6; v(1) between v(0) = 1 and v(2)
     got = interpolate({0: 1.0, 2: 1.3, 6: 1.9}, (1, 2, 4, 6))
     assert got == pytest.approx({1: 1.15, 2: 1.3, 4: 1.6, 6: 1.9})
     assert interpolate({1: 1.2, 3: 1.2}, (1, 2, 3)) == pytest.approx({1: 1.2, 2: 1.2, 3: 1.2})
+    # one timed candidate: the line through v(0) = 1 and v(4) = 1.6, beyond it too (v(6) = 1.9)
+    got = interpolate({0: 1.0, 4: 1.6}, (1, 2, 4, 6))
+    assert got == pytest.approx({1: 1.15, 2: 1.3, 4: 1.6, 6: 1.9})
 
 
 def test_position_estimates_come_from_accept_histograms(target, small_draft):
@@ -381,3 +384,89 @@ def test_prefills_are_timed_without_logits(target):
     assert logits not in hlo[True]
     assert logits in hlo[False]  # negative control: the step's program computes them
     assert timing.time_step(target, batch, 64, tokens, iters=1, prefill=True) > 0
+
+
+def test_target_prefill_is_extrapolated_then_taken_from_the_calls(target, small_draft):
+    """No prefill program is timed for the target: its first estimate extends its timed passes linearly (the widest
+    pass plus the slope between the two widest per further token); a call's own prefill then replaces it, less the
+    draft's share when it speculated."""
+    from jaxspec.policy import timing
+
+    # passes over 1, 3 and 7 tokens cost 1, 1.4 and 1.8 steps: slope 0.1 per token -> 64 tokens: 1.8 + 57 * 0.1
+    assert timing.extrapolate_prefill({1: 1.0, 3: 1.4, 7: 1.8}, 64) == pytest.approx(7.5)
+    assert timing.extrapolate_prefill({1: 1.0, 5: 1.4}, 5) == pytest.approx(1.4)  # no further token
+    assert timing.extrapolate_prefill({1: 1.0, 5: 0.9}, 9) == pytest.approx(0.9)  # timing noise: never a falling cost
+
+    policy = AutoGamma(gammas=(2,), keep_costs=False)
+    # a step of 10 ms; prefills timed over 8 tokens: the target's 4 steps (the estimate), the draft's 0.5
+    costs = Costs(c=0.1, v={2: 1.2}, prefill=0.5, target_prefill=4.0, prefill_tokens=8, step_s=0.01)
+    policy.set_costs(target, small_draft, 1, 64, costs)
+
+    def prefill(prompt_tokens=16):
+        return policy.decide(target, small_draft, 1, 64, 20, True, prompt_tokens=prompt_tokens).prefill
+
+    assert prefill() == pytest.approx({"target": 8.0, "draft": 1.0})  # the estimate, scaled to 16 tokens
+    assert policy.observed_prefill(target, small_draft, 1, 64) is None
+    # a speculative call's prefill over 16 tokens took 0.33 s: the draft's 1 step (0.01 s) is taken off
+    policy.observe_prefill(target, small_draft, 1, 64, 2, 16, 0.33)
+    assert policy.observed_prefill(target, small_draft, 1, 64) == pytest.approx(0.02)
+    assert prefill() == pytest.approx({"target": 32.0, "draft": 1.0})
+    assert prefill(8) == pytest.approx({"target": 16.0, "draft": 0.5})
+    policy.observe_prefill(target, small_draft, 1, 64, 0, 16, 0.16)  # a plain call: the target's alone
+    assert policy.observed_prefill(target, small_draft, 1, 64) == pytest.approx(0.48 / 32)
+    assert policy.observed_prefill(target, small_draft, 2, 64) is None  # other shapes learn apart
+
+    # end to end: an auto call times its own prefill, and the next decision at its shapes uses it
+    live = AutoGamma(gammas=(2,), keep_costs=False)
+    kw = dict(draft=small_draft, gamma="auto", policy=live, max_new_tokens=8, temperature=0.0)
+    first = jaxspec.generate(target, [[5, 6, 7]], **kw).stats.policy
+    per_token = live.observed_prefill(target, small_draft, 1, 64)
+    assert per_token > 0
+    second = jaxspec.generate(target, [[5, 6, 7]], **kw).stats.policy
+    step_s = live.costs(target, small_draft, 1, 64).step_s
+    assert second["prefill"]["target"] == pytest.approx(per_token * 8 / step_s)  # the prompt's bucket: 8 tokens
+    assert first["prefill"]["target"] != second["prefill"]["target"]
+
+
+def test_costs_are_kept_across_processes(target, small_draft, tmp_path, monkeypatch):
+    """keep_costs: measured costs are written to disk and a new policy (as in a new process) loads them instead of
+    timing; other shapes or candidates, and an unreadable file, are measured again."""
+    import jax
+
+    from jaxspec.policy import store, timing
+
+    first = AutoGamma(gammas=(1, 3), keep_costs=tmp_path)
+    costs = first.costs(target, small_draft, 2, 64)
+    files = list(tmp_path.glob("costs-*.json"))
+    assert len(files) == 1 and files[0] == first.cost_path(target, small_draft, 2, 64)
+
+    measured = []
+    real = timing.measure_costs
+    monkeypatch.setattr(timing, "measure_costs", lambda *a, **k: measured.append(a) or real(*a, **k))
+    with count_compiles() as counts:
+        again = AutoGamma(gammas=(1, 3), keep_costs=tmp_path).costs(target, small_draft, 2, 64)
+    assert again == costs and not measured and counts["compiles"] == 0
+    # negative controls: another batch bucket, other candidates, another draft are other files, measured
+    AutoGamma(gammas=(1, 3), keep_costs=tmp_path).costs(target, small_draft, 1, 64)
+    AutoGamma(gammas=(2,), keep_costs=tmp_path).costs(target, small_draft, 2, 64)
+    AutoGamma(gammas=(1, 3), keep_costs=tmp_path).costs(target, jaxspec.PromptLookup(), 2, 64)
+    assert len(measured) == 3 and len(list(tmp_path.glob("costs-*.json"))) == 4
+    files[0].write_text('{"format": 1, "costs": {"c": "fast"}}')  # not what is expected: measured and rewritten
+    assert AutoGamma(gammas=(1, 3), keep_costs=tmp_path).costs(target, small_draft, 2, 64).c > 0
+    assert len(measured) == 4 and store.load(files[0], (1, 3)) is not None
+
+    # keep_costs=True follows the compilation cache: nowhere without one (the test suite's), beside it with one
+    assert AutoGamma().cost_path(target, small_draft, 2, 64) is None
+    assert AutoGamma(keep_costs=False).cost_path(target, small_draft, 2, 64) is None
+    saved = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "xla"))
+        path = AutoGamma().cost_path(target, small_draft, 2, 64)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", saved)
+    assert path.parent == tmp_path / "xla" / store.SUBDIR
+    # the key is what a step's time depends on: the same shapes under another name is another file
+    renamed = target.replace(name="other")
+    assert first.cost_path(renamed, small_draft, 2, 64) != first.cost_path(target, small_draft, 2, 64)
+    with pytest.raises(ValueError, match="keep_costs must be"):
+        AutoGamma(keep_costs=3)

@@ -1,9 +1,10 @@
-"""Automatic γ (``generate(..., gamma="auto")``), in three modules:
+"""Automatic γ (``generate(..., gamma="auto")``), in four modules:
 
   * ``cost``: the pure cost model: ``Costs``, ``Decision``, ``expected_tokens``, ``expected_speedup``, ``round_costs``,
     ``GAMMAS``;
   * ``timing``: the measured inputs: ``time_step``, ``time_rounds``, ``measure_costs``;
-  * ``auto``: the policy, ``AutoGamma``, with its running acceptance estimates.
+  * ``auto``: the policy, ``AutoGamma``, with its running acceptance estimates;
+  * ``store``: measured costs kept on disk across processes (``AutoGamma(keep_costs=...)``).
 
 ``DEFAULT`` is the process-wide ``AutoGamma`` that ``generate`` uses unless given ``policy=``.
 """

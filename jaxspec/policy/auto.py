@@ -4,10 +4,13 @@ plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.1
 ``AutoGamma`` keeps, per model pair:
 
   * the measured ``Costs`` per (batch bucket, cache bucket, mesh), timed once from standalone model steps
-    (``jaxspec.policy.timing``; with ``calibrate="loops"``, every candidate loop is compiled and timed too);
+    (``jaxspec.policy.timing``; with ``calibrate="loops"``, every candidate loop is compiled and timed too) and
+    kept on disk for later processes when ``keep_costs`` says where (``jaxspec.policy.store``);
   * per (batch bucket, cache bucket, mesh) and γ, the seconds per round that the calls' own loops took
     (``observe_rounds``), from which r(γ) is taken once a call has run that γ (``cost.round_costs``). So a first
     call compiles no loop but the one it runs;
+  * per (batch bucket, cache bucket, mesh), the target's prefill seconds per prompt token that the calls measured
+    (``observe_prefill``), which replace the first estimate (extrapolated from the target's timed passes);
   * per greedy/sampled mode, an ``Acceptance``: acceptance by draft position, a_i = P(draft i accepted | drafts
     1..i−1 accepted), counted from the accept-length histograms of earlier calls with a Beta prior of
     ``prior_alpha`` weighing ``prior_drafts`` drafts (a position never reached yet borrows the estimate of the
@@ -27,10 +30,11 @@ Models are told apart by name, forward function and the identity of their weight
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 
-from jaxspec.policy import timing
+from jaxspec.policy import store, timing
 from jaxspec.policy.cost import (
     GAMMAS,
     Costs,
@@ -136,6 +140,9 @@ class AutoGamma:
       calibrate: ``"steps"`` (default): the first call of a shape times standalone model steps only (a few small
         programs) and rounds are learned from the calls themselves; ``"loops"``: it also compiles and times every
         candidate loop (more exact first decisions, at several loop compiles).
+      keep_costs: where measured costs are kept across processes (``jaxspec.policy.store``), so a later process
+        skips the timing: True (default): beside the compilation cache when one is on (the CLI's default, or
+        ``jaxspec.enable_compilation_cache()``), else nowhere; False: nowhere; a directory: there.
     """
 
     def __init__(
@@ -147,6 +154,7 @@ class AutoGamma:
         half_life: float | None = 8.0,
         explore_after: int | None = 8,
         calibrate: str = "steps",
+        keep_costs: bool | str | os.PathLike = True,
     ):
         if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
             raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
@@ -156,6 +164,9 @@ class AutoGamma:
             raise ValueError(f"explore_after must be None (never probe) or an int >= 1, got {explore_after!r}")
         if calibrate not in ("steps", "loops"):
             raise ValueError(f"calibrate must be 'steps' or 'loops', got {calibrate!r}")
+        if not isinstance(keep_costs, (bool, str, os.PathLike)) or keep_costs == "":
+            raise ValueError(f"keep_costs must be True, False or a directory, got {keep_costs!r}")
+        self.keep_costs = keep_costs
         self.calibrate = calibrate
         self.gammas = tuple(sorted(set(gammas)))
         self.prior_alpha, self.prior_drafts, self.margin = prior_alpha, prior_drafts, margin
@@ -164,6 +175,7 @@ class AutoGamma:
         self._acceptance: dict[tuple, Acceptance] = {}  # (target, draft, greedy) -> counts
         self._batches: dict[tuple, BatchState] = {}  # (target, draft, greedy, batch) -> straggling, plain streak
         self._rounds: dict[tuple, dict] = {}  # costs key -> {γ: [seconds, rounds]} of the calls' own loops
+        self._prefills: dict[tuple, list] = {}  # costs key -> [target prefill seconds, prompt tokens] of the calls
 
     def costs(self, target, draft, batch: int, cache_len: int, round_timer=None, mesh_key=None) -> Costs:
         """Measured once per key and cached (``timing.measure_costs``). ``round_timer(gammas)``: seconds per in-loop
@@ -171,9 +183,24 @@ class AutoGamma:
         only."""
         key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
         if key not in self._costs:
-            timer = round_timer if self.calibrate == "loops" else None
-            self._costs[key] = timing.measure_costs(target, draft, batch, cache_len, self.gammas, timer)
+            path = self.cost_path(target, draft, batch, cache_len, mesh_key)
+            costs = None if path is None else store.load(path, self.gammas)
+            if costs is None:
+                timer = round_timer if self.calibrate == "loops" else None
+                costs = timing.measure_costs(target, draft, batch, cache_len, self.gammas, timer)
+                if path is not None:
+                    store.save(path, costs)
+            self._costs[key] = costs
         return self._costs[key]
+
+    def cost_path(self, target, draft, batch: int, cache_len: int, mesh_key=None):
+        """The file where these costs are kept across processes (``keep_costs``), or None when they are not."""
+        if self.keep_costs is False:
+            return None
+        directory = store.default_directory() if self.keep_costs is True else self.keep_costs
+        if directory is None:
+            return None
+        return store.cost_path(directory, target, draft, batch, cache_len, mesh_key, self.gammas, self.calibrate)
 
     def observe_rounds(
         self, target, draft, batch: int, cache_len: int, gamma: int, seconds: float, rounds: int, mesh_key=None
@@ -185,6 +212,38 @@ class AutoGamma:
             total = self._rounds.setdefault(key, {}).setdefault(int(gamma), [0.0, 0])
             total[0] += seconds
             total[1] += rounds
+
+    def observe_prefill(
+        self,
+        target,
+        draft,
+        batch: int,
+        cache_len: int,
+        gamma: int,
+        prompt_tokens: int,
+        seconds: float,
+        mesh_key=None,
+    ) -> None:
+        """Record that a call's prefill over ``prompt_tokens`` (padded) prompt tokens per row took ``seconds``
+        (device time, compilation excluded; with ``gamma`` > 0 the draft's prefill included, whose measured share
+        is taken off). Later decisions at these shapes take the target's prefill from these calls instead of the
+        estimate ``measure_costs`` extrapolated from the target's passes."""
+        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        costs = self._costs.get(key)
+        if costs is None or not costs.step_s or prompt_tokens <= 0:
+            return
+        if gamma > 0:
+            seconds -= costs.prefills(prompt_tokens)[1] * costs.step_s
+        if seconds > 0:
+            total = self._prefills.setdefault(key, [0.0, 0])
+            total[0] += seconds
+            total[1] += prompt_tokens
+
+    def observed_prefill(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> float | None:
+        """Seconds of the target's prefill per (padded) prompt token, over the calls at these shapes
+        (``observe_prefill``); None before any."""
+        seen = self._prefills.get((_model_key(target), _model_key(draft), batch, cache_len, mesh_key))
+        return seen[0] / seen[1] if seen else None
 
     def observed_rounds(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> dict:
         """γ -> mean seconds per round of the calls' own loops at these shapes (``observe_rounds``)."""
@@ -270,6 +329,9 @@ class AutoGamma:
         ``costs``), and ages the pair's acceptance counts by one call."""
         costs = self.costs(target, draft, batch, cache_len, round_timer, mesh_key)
         target_prefill, draft_prefill = costs.prefills(prompt_tokens)
+        per_token = self.observed_prefill(target, draft, batch, cache_len, mesh_key)
+        if per_token is not None and prompt_tokens:  # measured in earlier calls (observe_prefill)
+            target_prefill = per_token * prompt_tokens / costs.step_s
         alpha, seen = self.alpha(target, draft, greedy)
         positions = self.position_acceptance(target, draft, greedy)
         observed = self.observed_rounds(target, draft, batch, cache_len, mesh_key)

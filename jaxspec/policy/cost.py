@@ -12,8 +12,10 @@ Costs are in units of one plain decoding step at the call's batch size and cache
     c      = draft step ÷ target step                          (standalone model calls; reported)
     v(γ)   = target pass over γ+1 tokens ÷ target step         (standalone; ~1 when memory-bound, up to γ+1 when
                                                                  compute-bound)
-    p, P   = draft / target prefill ÷ target step             (standalone, timed over a few prompt tokens and
-                                                                 scaled linearly to the call's padded prompt)
+    p, P   = draft / target prefill ÷ target step             (p standalone, timed over a few prompt tokens;
+                                                                 P extrapolated from the target's timed passes
+                                                                 until calls measure their own; both scaled
+                                                                 linearly to the call's padded prompt)
 
 With a_i = P(draft i accepted | drafts 1..i−1 accepted), a round emits on average
 

@@ -38,15 +38,20 @@ def _step_args(model, batch: int, cache_len: int, tokens: int) -> tuple:
 
 
 def compile_all(lowered: dict) -> dict:
-    """``{key: executable}`` for ``{key: jax Lowered}``, compiled on parallel threads
+    """``{key: executable}`` for ``{key: jax Lowered, or a function returning one}``, compiled on parallel threads
     (``executables.compile_lowered``)."""
     return executables.compile_lowered(lowered)
+
+
+def _lower_step(step):
+    model, batch, cache_len, tokens, prefill = step
+    return _step(model.apply_fn, prefill).lower(*_step_args(model, batch, cache_len, tokens))
 
 
 def lower_steps(steps) -> dict:
     """``{(model, batch, cache_len, tokens, prefill): Lowered}`` for the jitted ``apply_fn`` calls ``time_step``
     makes (``prefill``: keeping the cache alone)."""
-    return {s: _step(s[0].apply_fn, s[4]).lower(*_step_args(*s[:4])) for s in steps}
+    return {s: _lower_step(s) for s in steps}
 
 
 WARM_S = 0.1  # after the skipped calls, a call is repeated untimed for this long (at least once, at most 20 calls)
@@ -111,7 +116,8 @@ def _draw():
 
 
 def _draw_args(batch: int, vocab: int) -> tuple:
-    logits = jax.random.normal(jax.random.key(0), (batch, vocab), jnp.float32)
+    # drawn on the host: a jax draw here would compile a program of its own on a first call
+    logits = jnp.asarray(np.random.default_rng(0).standard_normal((batch, vocab), np.float32))
     keys = jax.random.split(jax.random.key(1), batch)
     return logits, keys, sampling.SamplingParams.create(1.0, batch=batch)
 
@@ -186,25 +192,34 @@ STEP_BUDGET_S = 0.25  # measure_costs: a step is timed ``iters`` times, or fewer
 
 
 def verify_gammas(gammas) -> tuple[int, ...]:
-    """The candidates whose verify pass ``measure_costs`` times (over γ+1 tokens): with γ = 0 (the plain step,
-    v = 1 by definition) counted among them, every other one going down from the largest; the others' v is
-    ``interpolate``d. For (1, 2, 4, 6): 6 and 2 are timed, 4 and 1 interpolated (two compiles fewer); on the 2-core
-    CPU that put v(4) within 4 % and v(1) within 4 % of their timings (two runs)."""
-    points = sorted({0, *gammas}, reverse=True)
-    return tuple(sorted(g for g in points[::2] if g > 0))
+    """The one candidate whose verify pass ``measure_costs`` times (over γ+1 tokens): the one nearest the mean of
+    the candidates (the larger on a tie); with v(0) = 1 (the plain step itself) the others' v is ``interpolate``d
+    on the line through both, so a first call compiles two target programs, not one per candidate. For
+    (1, 2, 4, 6): 4 is timed. On the 2-core CPU (SmolLM2, batch 1), where v(γ) is concave (1.20, 1.41, 1.65, 1.89),
+    that puts v(1), v(2) and v(6) at -3 %, -6 % and +4 % of their timings; a γ that a call has run is then taken
+    from that call's own rounds (``cost.round_costs``)."""
+    gammas = sorted(set(gammas))
+    mean = sum(gammas) / len(gammas)
+    return (min(gammas, key=lambda g: (abs(g - mean), -g)),)
 
 
 def interpolate(measured: dict, gammas) -> dict:
-    """``{γ: v}`` for every γ of ``gammas`` within the measured ones' range: measured where timed, else linear in γ
-    between the nearest timed candidates on either side."""
+    """``{γ: v}`` for every γ of ``gammas`` from ``measured`` (at least two points): measured where timed, else
+    linear in γ between the nearest timed candidates on either side, or beyond the timed range along the line
+    through its two outermost points on that side."""
     known = sorted(measured)
     out = {}
     for g in gammas:
         if g in measured:
             out[g] = measured[g]
             continue
-        lo = max(k for k in known if k < g)
-        hi = min(k for k in known if k > g)
+        below, above = [k for k in known if k < g], [k for k in known if k > g]
+        if below and above:
+            lo, hi = below[-1], above[0]
+        elif below:
+            lo, hi = below[-2], below[-1]
+        else:
+            lo, hi = above[0], above[1]
         out[g] = measured[lo] + (measured[hi] - measured[lo]) * (g - lo) / (hi - lo)
     return out
 
@@ -215,14 +230,28 @@ def prefill_tokens(batch: int, cache_len: int) -> int:
     return max(1, min(64, max(8, 512 // batch), cache_len // 2))
 
 
+def extrapolate_prefill(passes: dict, tokens: int) -> float:
+    """A target prefill over ``tokens`` prompt tokens, in the units of ``passes`` (``{width: time of a pass over
+    width tokens}``, at least two widths), extrapolated linearly from the two widest: the widest pass plus the
+    per-token slope between them for each further token. What ``measure_costs`` reports for the target's prefill
+    until a call has run one (``AutoGamma.observe_prefill``): no prefill program is compiled for it. On the 2-core
+    CPU it puts SmolLM2's 64-token prefill at 8.4 steps against 12.6 timed; a prefill counts on both sides of the
+    expected speed-up, so that moved its estimate by 1-2 %."""
+    widths = sorted(passes)[-2:]
+    lo, hi = widths
+    slope = max(0.0, (passes[hi] - passes[lo]) / (hi - lo))
+    return passes[hi] + max(0, tokens - hi) * slope
+
+
 def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer=None, iters: int = 3) -> Costs:
     """The ``Costs`` of ``target`` and ``draft`` (a ``CausalLM``; a drafter with ``as_model()``, an EAGLE head,
     timed as that model's 1-token step; or a drafter without a model such as prompt lookup: c = p = 0) at
     ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``, from standalone model steps (each
-    compiled once, in parallel, and timed ``iters`` times): the target over 1 and γ+1 tokens (γ of
-    ``verify_gammas``; the others ``interpolate``d) and over ``prefill_tokens`` prompt tokens, the draft over 1
-    and the prompt tokens (the prefills keep the cache alone, as the loop's do: no LM head); and one warp-and-draw
-    over the target's vocabulary (``time_sampling``).
+    lowered and compiled once, compiles overlapping on parallel threads, and timed ``iters`` times): the target
+    over 1 and γ+1 tokens (γ of ``verify_gammas``; the others ``interpolate``d), the draft over 1 and
+    ``prefill_tokens`` prompt tokens (its prefill keeps the cache alone, as the loop's does: no LM head); and one
+    warp-and-draw over the target's vocabulary (``time_sampling``). The target's prefill is not timed but
+    ``extrapolate_prefill``d from its passes (calls then measure their own).
     ``round_timer(gammas)``: seconds per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds
     it from ``time_rounds`` (this compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it
     ``Costs.round`` is None."""
@@ -232,21 +261,22 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     has_model = hasattr(draft, "apply_fn")
     gammas = tuple(sorted(set(gammas)))
     timed_gammas = verify_gammas(gammas)
-    steps = [(target, batch, cache_len, n, False) for n in sorted({1, *(g + 1 for g in timed_gammas)})]
-    steps.append((target, batch, cache_len, tokens, True))
+    widths = sorted({1, *(g + 1 for g in timed_gammas)})
+    steps = [(target, batch, cache_len, n, False) for n in widths]
     if has_model:
         steps += [(draft, batch, cache_len, 1, False), (draft, batch, cache_len, tokens, True)]
-    lowered = lower_steps(steps)
-    lowered["draw"] = lower_sampling(batch, target.vocab_size)
-    compiled = compile_all(lowered)  # every program at once, on parallel threads
+    programs = {s: functools.partial(_lower_step, s) for s in steps}
+    programs["draw"] = functools.partial(lower_sampling, batch, target.vocab_size)
+    compiled = compile_all(programs)  # lowered in turn, compiled on parallel threads as each is ready
 
     def timed(model, n, prefill=False):
         exe = compiled[(model, batch, cache_len, n, prefill)]
         return time_step(model, batch, cache_len, n, iters, exe, STEP_BUDGET_S, prefill)
 
     step_s = timed(target, 1)
-    v = interpolate({0: 1.0, **{g: timed(target, g + 1) / step_s for g in timed_gammas}}, gammas)
-    target_prefill = timed(target, tokens, True) / step_s
+    passes = {1: 1.0, **{n: timed(target, n) / step_s for n in widths if n > 1}}
+    v = interpolate({0: 1.0, **{g: passes[g + 1] for g in timed_gammas}}, gammas)
+    target_prefill = extrapolate_prefill(passes, tokens)
     if has_model:
         c = timed(draft, 1) / step_s
         prefill = timed(draft, tokens, True) / step_s
