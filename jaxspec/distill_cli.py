@@ -64,6 +64,11 @@ def main(argv=None):
     )
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--window", type=int, default=256, help="EAGLE head: tokens per training window")
+    ap.add_argument(
+        "--heldout-data",
+        help="EAGLE head: JSONL records like --data's, held out; prints the head's teacher-forced agreement with "
+        "the target on them (draft steps 1 and 2; before and after training when --draft gives a head)",
+    )
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
     ap.add_argument("--save-draft", help="save the distilled draft here (jaxspec.save; must not exist)")
@@ -97,6 +102,8 @@ def main(argv=None):
                 ap.error("--draft: an EAGLE head trains offline: give --data")
             return _run_eagle(args, target, {}, init=eagle.load(args.draft, target))
         draft = load(args.draft, args.dtype)
+    if args.heldout_data:
+        ap.error("--heldout-data measures an EAGLE head; for a draft model give --heldout (prompts, measured α)")
     if args.data:
         return _run_offline(args, target, draft, save)
     result = distill(
@@ -141,9 +148,12 @@ def _run_eagle(args, target, spec, init=None):
     """``--new-draft eagle=K[,vocab=N] --data`` (or ``--draft HEAD --data``: go on training ``init``):
     ``distill_eagle.train_head``, α on ``--heldout`` if given, ``--save-draft`` with ``jaxspec.eagle.save``."""
     from jaxspec import eagle
-    from jaxspec.distill_eagle import train_head
+    from jaxspec.distill_eagle import agreement, train_head
+    from jaxspec.distill_offline import read_data
 
     name = Path(args.save_draft).name if args.save_draft else init.name if init else "eagle"
+    held = read_data(args.heldout_data) if args.heldout_data else None  # a bad file fails before training
+    before = agreement(target, init, held) if held and init is not None else None
     head, log = train_head(
         target,
         args.data,
@@ -162,6 +172,13 @@ def _run_eagle(args, target, spec, init=None):
         name=name,
     )
     _report(args, log, target, head)
+    if held:
+        after = agreement(target, head, held)
+        was = f"{before['step1']:.3f} / {before['step2']:.3f} -> " if before else ""
+        print(
+            f"held-out agreement (teacher-forced, draft step 1 / 2): {was}{after['step1']:.3f} / "
+            f"{after['step2']:.3f} on {after['tokens']} tokens of {len(held)} records"
+        )
     if args.save_draft:
         print(f"saved the EAGLE head to {eagle.save(head, args.save_draft)}")
     return head

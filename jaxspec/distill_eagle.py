@@ -140,6 +140,71 @@ def train_step_fn(cfg: llama.LlamaConfig, cache_len: int):
     return step
 
 
+@functools.cache
+def _agreement_fn(target_cfg: llama.LlamaConfig, cfg: llama.LlamaConfig):
+    apply_target = llama.features_fn(target_cfg)
+    apply_head, init_head = eagle_model.head_fns(cfg)
+    _, init_target = llama.model_fns(target_cfg)
+    ids = jnp.asarray(cfg.vocab_ids if cfg.vocab_ids else np.arange(cfg.vocab_size), jnp.int32)
+
+    @jax.jit
+    def hits(target_params, params, tokens, start, stop):
+        batch, width = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
+        logits, feats, _ = apply_target(target_params, tokens, positions, init_target(batch, width))
+        want = jnp.argmax(logits, -1)  # [B, T]: the target's prediction of token i + 1
+        cache = init_head(batch, width)
+
+        def drafted(pred):  # the head's top-1 over its own vocabulary (the masked extra row left out), as ids
+            rows = jnp.einsum(
+                "btd,dv->btv", pred, params["head"][:, : ids.shape[0]], preferred_element_type=jnp.float32
+            )
+            return ids[jnp.argmax(rows, -1)]
+
+        # step 1 at i: (f_i, token i+1) -> f^_{i+1}, drafting token i+2; step 2: (f^_{i+1}, token i+2) -> token i+3
+        _, f1, _ = apply_head(params, tokens[:, 1:], feats[:, :-1], positions[:, :-1], cache, False)
+        _, f2, _ = apply_head(params, tokens[:, 2:], f1[:, :-1], positions[:, 1:-1], cache, False)
+        counts = []
+        for k, pred in ((2, f1), (3, f2)):
+            drafted_at = jnp.arange(pred.shape[1]) + k  # the token each position drafts
+            inside = (drafted_at >= start[:, None]) & (drafted_at < stop[:, None])
+            same = drafted(pred) == want[:, k - 1 :]
+            counts += [jnp.sum(same & inside), jnp.sum(inside)]
+        return jnp.stack(counts)
+
+    return hits
+
+
+def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: int = 4) -> dict:
+    """Teacher-forced top-1 agreement of ``head`` with ``target`` on the outputs of ``data`` (a JSONL path or
+    ``read_data``'s list): ``{"step1", "step2", "tokens"}``. Step 1 reads the target's real feature ``f_i`` with
+    token ``i+1`` and drafts token ``i+2``; step 2 reads the head's own predicted feature with token ``i+2`` and
+    drafts token ``i+3``, as the first two draft steps do in a round (the second attending to its own pass, as
+    in training). A draft counts as agreeing when it is the target's own top-1 at that position; only drafted
+    tokens inside the output count. A held-out measure for choosing a head without decoding (greedy α follows it:
+    README, HumanEval section)."""
+    if not isinstance(head, eagle.EagleDrafter):
+        raise ValueError(f"head must be an EagleDrafter (jaxspec.eagle.load), got {type(head).__name__}")
+    if head.target_config != target.config:
+        raise ValueError(f"head: the EAGLE head {head.name!r} was made for another target than {target.name!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    records = read_data(data) if isinstance(data, (str, Path)) else list(data)
+    hits = _agreement_fn(target.config, head.config)
+    order = sorted(range(len(records)), key=lambda i: len(records[i][0]) + len(records[i][1]))
+    total = np.zeros(4, np.int64)
+    for first in range(0, len(order), batch_size):
+        chunk = [records[i] for i in order[first : first + batch_size]]
+        width = -(-max(len(p) + len(o) for p, o in chunk) // 64) * 64  # few distinct shapes: few compiles
+        tokens = np.zeros((batch_size, width), np.int32)
+        start, stop = np.zeros(batch_size, np.int32), np.zeros(batch_size, np.int32)
+        for b, (prompt, output) in enumerate(chunk):
+            tokens[b, : len(prompt) + len(output)] = prompt + output
+            start[b], stop[b] = len(prompt), len(prompt) + len(output)
+        total += np.asarray(hits(target.params, head.params, tokens, start, stop))
+    return {"step1": total[0] / max(total[1], 1), "step2": total[2] / max(total[3], 1), "tokens": int(total[1])}
+
+
 def train_head(
     target: CausalLM,
     data,

@@ -186,6 +186,8 @@ def test_training_raises_acceptance_and_resumes(tmp_path, target, data):
     before, after = alpha(untrained), alpha(trained)
     print(f"greedy alpha untrained {before:.3f}, after 60 steps {alpha(half):.3f}, after 120 {after:.3f}")
     assert after > max(4 * before, 0.06), (before, after)
+    held = distill_eagle.agreement(target, untrained, path), distill_eagle.agreement(target, trained, path)
+    assert held[1]["step1"] > max(2 * held[0]["step1"], 0.1), held  # teacher-forced agreement follows α
 
 
 def test_first_draft_is_the_heads_prediction_from_real_features(target, head):
@@ -269,10 +271,17 @@ def test_cli_goes_on_training_a_saved_head(tmp_path, target, head, data, capsys)
     eagle.save(head, tmp_path / "head")
     flags = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "head"), "--data", str(data[0])]
     flags += ["--out", str(tmp_path / "run"), "--steps", "2", "--batch-size", "2", "--window", "16", "--no-progress"]
-    main([*flags, "--save-draft", str(tmp_path / "tuned")])
-    assert "final loss" in capsys.readouterr().out
+    main([*flags, "--heldout-data", str(data[0]), "--save-draft", str(tmp_path / "tuned")])
+    out = capsys.readouterr().out
+    assert "final loss" in out
+    assert "held-out agreement (teacher-forced, draft step 1 / 2): " in out and " -> " in out  # before -> after
     tuned = eagle.load(tmp_path / "tuned", jaxspec.load(tmp_path / "target"))
     assert tuned.config == head.config
+    with pytest.raises(SystemExit):  # agreement is a head's measure: refused for a draft model
+        main(
+            ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "target"), "--data", str(data[0])]
+            + ["--out", str(tmp_path / "run2"), "--heldout-data", str(data[0])]
+        )
     with pytest.raises(SystemExit):  # a head trains offline only
         main(
             [
@@ -286,3 +295,35 @@ def test_cli_goes_on_training_a_saved_head(tmp_path, target, head, data, capsys)
                 "o",
             ]
         )
+
+
+def test_agreement_counts_the_heads_top1_against_the_targets_on_the_outputs(target, head, data):
+    """``distill_eagle.agreement`` against a per-position count written from its definition (one record at a time,
+    no padding): step 1 drafts token i+2 from (f_i, token i+1), step 2 token i+3 from (f^_{i+1}, token i+2);
+    a hit is the target's own top-1 there, counted only for drafted tokens inside the output."""
+    records = distill_eagle.read_data(data[0])[:6]
+    features = llama.features_fn(target.config)
+    apply_fn, init_cache = eagle_model.head_fns(head.config)
+    hits, counted = [0, 0], [0, 0]
+    for prompt, output in records:
+        seq = jnp.asarray([prompt + output])
+        n = seq.shape[1]
+        pos = jnp.arange(n)[None]
+        logits, feats, _ = features(target.params, seq, pos, target.init_cache(1, n))
+        d1, f1, _ = apply_fn(head.params, seq[:, 1:], feats[:, :-1], pos[:, :-1], init_cache(1, n))
+        d2, _, _ = apply_fn(head.params, seq[:, 2:], f1[:, :-1], pos[:, 1:-1], init_cache(1, n))
+        for step, d in enumerate((d1, d2)):
+            for i in range(d.shape[1]):
+                drafted = i + 2 + step
+                if len(prompt) <= drafted < n:
+                    counted[step] += 1
+                    hits[step] += int(jnp.argmax(d[0, i]) == jnp.argmax(logits[0, drafted - 1]))
+    got = distill_eagle.agreement(target, head, records, batch_size=4)  # padded to 64, two rows empty
+    assert got["tokens"] == counted[0] == sum(len(o) for _, o in records)
+    assert (got["step1"], got["step2"]) == (hits[0] / counted[0], hits[1] / counted[1])
+    assert 0 < hits[0] < counted[0]  # neither all nor none: the count can tell heads apart
+    assert distill_eagle.agreement(target, head, records, batch_size=1) == got
+    with pytest.raises(ValueError, match="head"):
+        distill_eagle.agreement(target, target, records)
+    with pytest.raises(ValueError, match="batch_size"):
+        distill_eagle.agreement(target, head, records, batch_size=0)
