@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 from pathlib import Path
 
@@ -69,6 +70,12 @@ def main(argv=None):
         help="EAGLE head: JSONL records like --data's, held out; prints the head's teacher-forced agreement with "
         "the target on them (draft steps 1 and 2; before and after training when --draft gives a head)",
     )
+    ap.add_argument(
+        "--temperature-scale",
+        metavar="auto|X",
+        help="EAGLE head: draft at the call's temperature times X (saved with the head); auto: the scale whose "
+        "drafts at temperature 1 are accepted most on --heldout-data (teacher-forced)",
+    )
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
     ap.add_argument("--save-draft", help="save the distilled draft here (jaxspec.save; must not exist)")
@@ -78,6 +85,15 @@ def main(argv=None):
 
     if (args.draft is None) == (args.new_draft is None):
         ap.error("give exactly one of --draft and --new-draft")
+    if args.temperature_scale not in (None, "auto"):
+        try:
+            args.temperature_scale = float(args.temperature_scale)
+        except ValueError:
+            args.temperature_scale = -1.0
+        if not 0 < args.temperature_scale < float("inf"):
+            ap.error("--temperature-scale must be auto or a finite number > 0")
+    if args.temperature_scale == "auto" and not args.heldout_data:
+        ap.error("--temperature-scale auto chooses the scale on --heldout-data: give it")
     if (args.prompts is None) == (args.data is None):
         ap.error("give exactly one of --prompts (generate while training) and --data (offline)")
     target = load(args.target, args.dtype)
@@ -104,6 +120,8 @@ def main(argv=None):
         draft = load(args.draft, args.dtype)
     if args.heldout_data:
         ap.error("--heldout-data measures an EAGLE head; for a draft model give --heldout (prompts, measured α)")
+    if args.temperature_scale is not None:
+        ap.error("--temperature-scale is an EAGLE head's (a draft model samples at the call's temperature)")
     if args.data:
         return _run_offline(args, target, draft, save)
     result = distill(
@@ -148,7 +166,7 @@ def _run_eagle(args, target, spec, init=None):
     """``--new-draft eagle=K[,vocab=N] --data`` (or ``--draft HEAD --data``: go on training ``init``):
     ``distill_eagle.train_head``, α on ``--heldout`` if given, ``--save-draft`` with ``jaxspec.eagle.save``."""
     from jaxspec import eagle
-    from jaxspec.distill_eagle import agreement, train_head
+    from jaxspec.distill_eagle import agreement, train_head, tune_temperature_scale
     from jaxspec.distill_offline import read_data
 
     name = Path(args.save_draft).name if args.save_draft else init.name if init else "eagle"
@@ -172,13 +190,23 @@ def _run_eagle(args, target, spec, init=None):
         name=name,
     )
     _report(args, log, target, head)
+    if args.temperature_scale == "auto":
+        best, table = tune_temperature_scale(target, head, held)
+        print("held-out acceptance at temperature 1 (teacher-forced, draft step 1 / 2) by temperature scale:")
+        for scale, (a1, a2) in table.items():
+            print(f"  {scale:g}: {a1:.3f} / {a2:.3f}" + ("  <- chosen" if scale == best else ""))
+        head = dataclasses.replace(head, temperature_scale=best)
+    elif args.temperature_scale is not None:
+        head = dataclasses.replace(head, temperature_scale=args.temperature_scale)
     if held:
         after = agreement(target, head, held)
-        was = f"{before['step1']:.3f} / {before['step2']:.3f} -> " if before else ""
-        print(
-            f"held-out agreement (teacher-forced, draft step 1 / 2): {was}{after['step1']:.3f} / "
-            f"{after['step2']:.3f} on {after['tokens']} tokens of {len(held)} records"
-        )
+        for key, what in (("step", "agreement"), ("accept", "acceptance at temperature 1")):
+            was = f"{before[key + '1']:.3f} / {before[key + '2']:.3f} -> " if before else ""
+            print(
+                f"held-out {what} (teacher-forced, draft step 1 / 2): {was}{after[key + '1']:.3f} / "
+                f"{after[key + '2']:.3f} on {after['tokens']} tokens of {len(held)} records"
+            )
+        print(f"temperature scale: {head.temperature_scale:g}")
     if args.save_draft:
         print(f"saved the EAGLE head to {eagle.save(head, args.save_draft)}")
     return head

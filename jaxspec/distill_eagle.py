@@ -140,8 +140,11 @@ def train_step_fn(cfg: llama.LlamaConfig, cache_len: int):
     return step
 
 
+SCALES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0, 1.1, 1.25)  # tune_temperature_scale's default grid
+
+
 @functools.cache
-def _agreement_fn(target_cfg: llama.LlamaConfig, cfg: llama.LlamaConfig):
+def _agreement_fn(target_cfg: llama.LlamaConfig, cfg: llama.LlamaConfig, scales: tuple):
     apply_target = llama.features_fn(target_cfg)
     apply_head, init_head = eagle_model.head_fns(cfg)
     _, init_target = llama.model_fns(target_cfg)
@@ -153,36 +156,31 @@ def _agreement_fn(target_cfg: llama.LlamaConfig, cfg: llama.LlamaConfig):
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
         logits, feats, _ = apply_target(target_params, tokens, positions, init_target(batch, width))
         want = jnp.argmax(logits, -1)  # [B, T]: the target's prediction of token i + 1
+        p = jax.nn.softmax(logits.astype(jnp.float32), -1)[..., ids]  # at temperature 1, on the draft vocabulary
         cache = init_head(batch, width)
-
-        def drafted(pred):  # the head's top-1 over its own vocabulary (the masked extra row left out), as ids
-            rows = jnp.einsum(
-                "btd,dv->btv", pred, params["head"][:, : ids.shape[0]], preferred_element_type=jnp.float32
-            )
-            return ids[jnp.argmax(rows, -1)]
 
         # step 1 at i: (f_i, token i+1) -> f^_{i+1}, drafting token i+2; step 2: (f^_{i+1}, token i+2) -> token i+3
         _, f1, _ = apply_head(params, tokens[:, 1:], feats[:, :-1], positions[:, :-1], cache, False)
         _, f2, _ = apply_head(params, tokens[:, 2:], f1[:, :-1], positions[:, 1:-1], cache, False)
-        counts = []
+        counts, accepts = [], []
         for k, pred in ((2, f1), (3, f2)):
             drafted_at = jnp.arange(pred.shape[1]) + k  # the token each position drafts
             inside = (drafted_at >= start[:, None]) & (drafted_at < stop[:, None])
-            same = drafted(pred) == want[:, k - 1 :]
+            # the head's logits over its own vocabulary (the masked extra row left out)
+            rows = jnp.einsum(
+                "btd,dv->btv", pred, params["head"][:, : ids.shape[0]], preferred_element_type=jnp.float32
+            )
+            same = ids[jnp.argmax(rows, -1)] == want[:, k - 1 :]
             counts += [jnp.sum(same & inside), jnp.sum(inside)]
-        return jnp.stack(counts)
+            for scale in scales:  # P(accept) of a draft from q: sum_v min(p_v, q_v)
+                accept = jnp.sum(jnp.minimum(p[:, k - 1 :], jax.nn.softmax(rows / scale, -1)), -1)
+                accepts.append(jnp.sum(jnp.where(inside, accept, 0.0)))
+        return jnp.stack(counts), jnp.stack(accepts).reshape(2, len(scales))
 
     return hits
 
 
-def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: int = 4) -> dict:
-    """Teacher-forced top-1 agreement of ``head`` with ``target`` on the outputs of ``data`` (a JSONL path or
-    ``read_data``'s list): ``{"step1", "step2", "tokens"}``. Step 1 reads the target's real feature ``f_i`` with
-    token ``i+1`` and drafts token ``i+2``; step 2 reads the head's own predicted feature with token ``i+2`` and
-    drafts token ``i+3``, as the first two draft steps do in a round (the second attending to its own pass, as
-    in training). A draft counts as agreeing when it is the target's own top-1 at that position; only drafted
-    tokens inside the output count. A held-out measure for choosing a head without decoding (greedy α follows it:
-    README, HumanEval section)."""
+def _measure(target: CausalLM, head, data, batch_size: int, scales: tuple):
     if not isinstance(head, eagle.EagleDrafter):
         raise ValueError(f"head must be an EagleDrafter (jaxspec.eagle.load), got {type(head).__name__}")
     if head.target_config != target.config:
@@ -190,9 +188,9 @@ def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: i
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
-    hits = _agreement_fn(target.config, head.config)
+    hits = _agreement_fn(target.config, head.config, scales)
     order = sorted(range(len(records)), key=lambda i: len(records[i][0]) + len(records[i][1]))
-    total = np.zeros(4, np.int64)
+    total, accepted = np.zeros(4, np.int64), np.zeros((2, len(scales)), np.float64)
     for first in range(0, len(order), batch_size):
         chunk = [records[i] for i in order[first : first + batch_size]]
         width = -(-max(len(p) + len(o) for p, o in chunk) // 64) * 64  # few distinct shapes: few compiles
@@ -201,8 +199,50 @@ def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: i
         for b, (prompt, output) in enumerate(chunk):
             tokens[b, : len(prompt) + len(output)] = prompt + output
             start[b], stop[b] = len(prompt), len(prompt) + len(output)
-        total += np.asarray(hits(target.params, head.params, tokens, start, stop))
-    return {"step1": total[0] / max(total[1], 1), "step2": total[2] / max(total[3], 1), "tokens": int(total[1])}
+        counts, accepts = hits(target.params, head.params, tokens, start, stop)
+        total += np.asarray(counts)
+        accepted += np.asarray(accepts, np.float64)
+    return total, accepted / np.maximum(total[[1, 3]], 1)[:, None]
+
+
+def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: int = 4) -> dict:
+    """Teacher-forced top-1 agreement of ``head`` with ``target`` on the outputs of ``data`` (a JSONL path or
+    ``read_data``'s list): ``{"step1", "step2", "tokens", "accept1", "accept2"}``. Step 1 reads the target's real
+    feature ``f_i`` with token ``i+1`` and drafts token ``i+2``; step 2 reads the head's own predicted feature with
+    token ``i+2`` and drafts token ``i+3``, as the first two draft steps do in a round (the second attending to
+    its own pass, as in training). A draft counts as agreeing when it is the target's own top-1 at that position;
+    only drafted tokens inside the output count. ``accept1`` / ``accept2``: the mean probability that a draft
+    sampled at temperature 1 is accepted there, ``sum_v min(p_v, q_v)`` (p the target's softmax, q the head's at
+    its ``temperature_scale``). Held-out measures for choosing a head without decoding (greedy α follows the
+    agreement, temperature-1 α the acceptance: README, HumanEval section)."""
+    total, accept = _measure(target, head, data, batch_size, (getattr(head, "temperature_scale", 1.0),))
+    return {
+        "step1": total[0] / max(total[1], 1),
+        "step2": total[2] / max(total[3], 1),
+        "tokens": int(total[1]),
+        "accept1": float(accept[0, 0]),
+        "accept2": float(accept[1, 0]),
+    }
+
+
+def tune_temperature_scale(
+    target: CausalLM, head: eagle.EagleDrafter, data, *, scales=SCALES, batch_size: int = 4
+) -> tuple[float, dict]:
+    """The ``temperature_scale`` among ``scales`` under which ``head``'s drafts at temperature 1 are accepted
+    most on ``data``'s outputs (teacher-forced, as in ``agreement``; best: the most accepted drafts of a
+    two-draft round, ``a1 + a1 * a2``), and ``{scale: (accept1, accept2)}`` for every scale. Records sampled from
+    the target at temperature 1 (``scripts/generate_distill_data.py --temperature 1``) match how the scale is used.
+    Set it with ``dataclasses.replace(head, temperature_scale=best)``; ``jaxspec.eagle.save`` keeps it."""
+    try:
+        scales = tuple(float(s) for s in scales)
+    except (TypeError, ValueError):
+        raise ValueError(f"scales must be a sequence of numbers, got {scales!r}") from None
+    if not scales or not all(0 < s < float("inf") for s in scales):
+        raise ValueError(f"scales must be finite numbers > 0, at least one, got {scales!r}")
+    _, accept = _measure(target, head, data, batch_size, scales)
+    table = {s: (float(accept[0, i]), float(accept[1, i])) for i, s in enumerate(scales)}
+    best = max(scales, key=lambda s: table[s][0] * (1 + table[s][1]))
+    return best, table
 
 
 def train_head(
@@ -227,8 +267,9 @@ def train_head(
     """Train a new ``num_layers``-layer head (default 1) for ``target`` on ``data`` (a JSONL path or
     ``read_data``'s list), restricted to the ``vocab`` ids most frequent in it (plus the EOS ids; None: the full
     vocabulary), or go on training the head ``init`` (e.g. a shipped head, tuned on your own workload's data; its
-    layers and vocabulary stay, so ``num_layers`` and ``vocab`` must not be given); resumes from ``out_dir``.
-    Returns the ``EagleDrafter`` and this call's log records (also appended to ``out_dir/distill_log.jsonl``)."""
+    layers, vocabulary and ``temperature_scale`` stay, so ``num_layers`` and ``vocab`` must not be given); resumes
+    from ``out_dir``. Returns the ``EagleDrafter`` and this call's log records (also appended to
+    ``out_dir/distill_log.jsonl``). A new head drafts at scale 1: ``tune_temperature_scale`` picks one."""
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
     if init is not None:
         if not isinstance(init, eagle.EagleDrafter):
@@ -290,4 +331,5 @@ def train_head(
                 log.append(record)
                 append_jsonl(out_dir / LOG_FILE, record)
     name = name or (init.name if init is not None else "eagle")
-    return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name), log
+    scale = 1.0 if init is None else init.temperature_scale  # kept from the head trained on (tune it again)
+    return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=scale), log

@@ -13,7 +13,10 @@ draft). Each further step feeds back the head's predicted feature with the token
 rejected drafts, written past the accepted prefix, are overwritten by the next verify pass before any read.
 
 The draft distribution q is the head's warped softmax (restricted to its draft vocabulary: q = 0 elsewhere), so
-the rejection sampler stays exact: output has the target's distribution whatever the head's quality.
+the rejection sampler stays exact: output has the target's distribution whatever the head's quality. A head
+samples at the call's temperature times its ``temperature_scale`` (1 unless set; greedy stays greedy): a head
+trained by cross-entropy is flatter than the target where it is unsure, and a sharper q can accept more at
+temperature 1. ``distill_eagle.tune_temperature_scale`` picks it on held-out records; it is saved with the head.
 """
 
 from __future__ import annotations
@@ -58,26 +61,43 @@ class EagleDrafter(Drafter):
       target_config: the config of the target it was made for (``generate`` refuses another).
       params: the head's own parameters with the target's embedding and restricted LM head (``shared_params``).
       name: for messages and statistics.
+      temperature_scale: the head drafts at the call's temperature times this (a finite number > 0; q changes,
+        the output's distribution does not). Part of the compiled program: another value compiles anew.
     """
 
     config: llama.LlamaConfig
     target_config: llama.LlamaConfig
     params: Any = dataclasses.field(default=None, compare=False, repr=False)
     name: str = "eagle"
+    temperature_scale: float = 1.0
     features = True
     # A head's acceptance falls along a draft (its later steps read its own features): SmolLM2's head accepts
     # 0.64 then 0.49 on HumanEval, so γ = 2 bounds highest, at v = 1.3 on CPU (1.35× against 1.16× at γ = 4) and
     # at v = 1 alike (1.69× against 1.65×, an estimate): the γ a call gets when it names none.
     default_gamma = 2
 
+    def __post_init__(self):
+        scale = self.temperature_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+            raise ValueError(f"temperature_scale must be a finite number > 0, got {scale!r}")
+        object.__setattr__(self, "temperature_scale", float(scale))
+
     @classmethod
-    def for_target(cls, target: CausalLM, own, *, config=None, name: str = "eagle") -> EagleDrafter:
+    def for_target(
+        cls, target: CausalLM, own, *, config=None, name: str = "eagle", temperature_scale: float = 1.0
+    ) -> EagleDrafter:
         """The drafter of head weights ``own`` (``fc``, ``layers``, ``final_norm``; stacked or split layers) on
         ``target`` (a Llama-family ``CausalLM``); ``config`` defaults to a one-layer head over the full vocabulary."""
         cfg = config or eagle_model.head_config(target.config)
         shared = eagle_model.shared_params(cfg, target.params)
         own = families.split_layers({k: own[k] for k in eagle_model.OWN})
-        return cls(cfg, target.config, {**own, **shared}, name)
+        return cls(cfg, target.config, {**own, **shared}, name, temperature_scale)
+
+    def _sampling(self, sampling):
+        """The call's sampling parameters at the head's temperature (``temperature × temperature_scale``)."""
+        if self.temperature_scale == 1.0:
+            return sampling
+        return dataclasses.replace(sampling, temperature=sampling.temperature * self.temperature_scale)
 
     @property
     def target_features(self) -> Callable:
@@ -107,6 +127,7 @@ class EagleDrafter(Drafter):
     def draft(self, params, state: EagleState, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
         """A window pass over the γ+1 newest verified pairs, then γ-1 steps on the head's own features."""
         apply_fn, _ = eagle_model.head_fns(self.config)
+        sampling = self._sampling(sampling)
         gamma = keys.shape[1]
         batch, size = tokens.shape
         rows = jnp.arange(batch)[:, None]
@@ -162,7 +183,8 @@ def _timing_fns(cfg: llama.LlamaConfig):
 
 def save(drafter: EagleDrafter, path) -> Path:
     """Write the head's own weights (``model.npz``, stacked layers, float16) and ``jaxspec.json``
-    (kind, layers, draft vocabulary) to directory ``path``; the target's embedding and head are not stored."""
+    (kind, layers, draft vocabulary, temperature scale) to directory ``path``; the target's embedding and head are
+    not stored."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     own = families.stack_layers({k: drafter.params[k] for k in eagle_model.OWN})
@@ -175,6 +197,7 @@ def save(drafter: EagleDrafter, path) -> Path:
         "num_layers": drafter.config.num_layers,
         "vocab_ids": list(drafter.config.vocab_ids),
         "hidden_size": drafter.config.hidden_size,
+        "temperature_scale": drafter.temperature_scale,
     }
     (path / "jaxspec.json").write_text(json.dumps(meta) + "\n")
     return path
@@ -189,8 +212,9 @@ def is_head(path) -> bool:
         return False
 
 
-def load(path, target: CausalLM) -> EagleDrafter:
-    """The head saved at ``path`` (a directory, or ``jaxspec/<name>`` in the shipped checkpoints) on ``target``.
+def load(path, target: CausalLM, *, temperature_scale: float | None = None) -> EagleDrafter:
+    """The head saved at ``path`` (a directory, or ``jaxspec/<name>`` in the shipped checkpoints) on ``target``,
+    drafting at its saved ``temperature_scale`` unless one is given (1 for heads saved without one).
     ``ValueError`` for a directory that is not a head, or a head of another width than ``target``'s."""
     from jaxspec import checkpoint
 
@@ -212,4 +236,7 @@ def load(path, target: CausalLM) -> EagleDrafter:
             for p in parents:
                 node = node.setdefault(p, {})
             node[leaf] = jnp.asarray(data[key], cfg.jnp_dtype)
-    return EagleDrafter.for_target(target, own, config=cfg, name=meta.get("name", "eagle"))
+    if temperature_scale is None:
+        temperature_scale = meta.get("temperature_scale", 1.0)
+    name = meta.get("name", "eagle")
+    return EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=temperature_scale)

@@ -1,5 +1,6 @@
 """The benchmark: the bound formulas against hand-computed values, flag handling, and one ``--quick`` run end to end."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -328,3 +329,14 @@ def test_humaneval_flags_and_head_modes():
     assert _kwargs("eagle@3", "draft", 4, policies, head, 2) == dict(draft=head, gamma=3)  # one of several
     auto_head = _kwargs("eagle-auto", "draft", 4, policies, head, 2)
     assert auto_head["gamma"] == "auto" and auto_head["policy"] is policies["eagle-auto"] is not policies["auto"]
+    assert parse_args(["--humaneval", "--eagle-scale", "1,0.75"]).eagle_scale == [1.0, 0.75]
+    for bad in (["--eagle-scale", "0"], ["--eagle-scale", "1,inf"], ["--eagle-scale", "1,0.7", "--eagle-gamma", "2,4"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--humaneval", *bad])
+
+    @dataclasses.dataclass(frozen=True)
+    class Head:
+        temperature_scale: float = 1.0
+
+    scaled = _kwargs("eagle~0.75", "draft", 4, policies, Head(), 2)  # one of several scales, at the head's γ
+    assert scaled == dict(draft=Head(0.75), gamma=2)

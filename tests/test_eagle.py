@@ -3,6 +3,7 @@ and the engine, the feature window, saving and loading, clear errors, and traini
 
 The statistical exactness of sampling with a head is in test_exactness.py (with its negative control)."""
 
+import dataclasses
 import json
 
 import jax
@@ -110,6 +111,47 @@ def test_save_and_load_round_trip(tmp_path, target, head):
     a = jaxspec.generate(target, PROMPTS, draft=head, max_new_tokens=12, temperature=0.0)
     b = jaxspec.generate(target, PROMPTS, draft=loaded, max_new_tokens=12, temperature=0.0)
     assert a.tokens == b.tokens
+
+
+def test_temperature_scale_is_checked_saved_and_loaded(tmp_path, target, head):
+    for bad in (0, -0.5, float("inf"), float("nan"), "0.8", True, None):
+        with pytest.raises(ValueError, match="temperature_scale must be a finite number > 0"):
+            dataclasses.replace(head, temperature_scale=bad)
+    sharp = dataclasses.replace(head, temperature_scale=0.7)
+    assert sharp != head  # another compiled program
+    assert eagle.load(eagle.save(sharp, tmp_path / "sharp"), target) == sharp
+    assert eagle.load(tmp_path / "sharp", target, temperature_scale=1.3).temperature_scale == 1.3
+    path = eagle.save(head, tmp_path / "old")  # a head saved before the scale existed drafts at 1
+    meta = json.loads((path / "jaxspec.json").read_text())
+    del meta["temperature_scale"]
+    (path / "jaxspec.json").write_text(json.dumps(meta))
+    assert eagle.load(path, target).temperature_scale == 1.0
+    with pytest.raises(ValueError, match="temperature_scale"):
+        eagle.load(path, target, temperature_scale=0)
+
+
+def test_a_head_drafts_at_the_calls_temperature_times_its_scale(target, head):
+    """q of a head at scale s and temperature T equals q of the same head at scale 1 and temperature s·T (same
+    drafts from the same keys); greedy drafting is unchanged."""
+    prompt = jnp.asarray([PROMPTS[0], PROMPTS[0][::-1]])
+    n = prompt.shape[1]
+    pos = jnp.broadcast_to(jnp.arange(n), prompt.shape)
+    _, feats, _ = llama.features_fn(target.config)(target.params, prompt, pos, target.init_cache(2, 32))
+    state = head.prefill(head.params, prompt, pos, head.observe(head.init_state(2, 32), feats, pos))
+    tokens = jnp.zeros((2, 32), jnp.int32).at[:, :n].set(prompt)
+    length = jnp.full((2,), n, jnp.int32)
+    keys = jax.random.split(jax.random.key(0), 6).reshape(2, 3)
+    sharp = dataclasses.replace(head, temperature_scale=0.5)
+
+    def q(drafter, temperature):
+        out = drafter.draft(drafter.params, state, tokens, length, SamplingParams.create(temperature), keys, 96)
+        return np.asarray(out.q), np.asarray(out.tokens)
+
+    (q_sharp, d_sharp), (q_half, d_half), (q_one, _) = q(sharp, 1.0), q(head, 0.5), q(head, 1.0)
+    np.testing.assert_allclose(q_sharp, q_half, rtol=1e-5, atol=1e-7)
+    assert (d_sharp == d_half).all()
+    assert np.abs(q_sharp - q_one).max() > 1e-3  # the scale changes q
+    np.testing.assert_array_equal(q(sharp, 0.0)[0], q(head, 0.0)[0])  # greedy: one-hot either way
 
 
 def jaxspec_leaves(tree):
@@ -269,14 +311,30 @@ def test_cli_goes_on_training_a_saved_head(tmp_path, target, head, data, capsys)
 
     jaxspec.save(target, tmp_path / "target")
     eagle.save(head, tmp_path / "head")
-    flags = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "head"), "--data", str(data[0])]
-    flags += ["--out", str(tmp_path / "run"), "--steps", "2", "--batch-size", "2", "--window", "16", "--no-progress"]
-    main([*flags, "--heldout-data", str(data[0]), "--save-draft", str(tmp_path / "tuned")])
+    base = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "head"), "--data", str(data[0])]
+    base += ["--steps", "2", "--batch-size", "2", "--window", "16", "--no-progress"]
+    flags = [*base, "--out", str(tmp_path / "run")]
+    held = ["--heldout-data", str(data[0])]
+    main([*flags, *held, "--temperature-scale", "auto", "--save-draft", str(tmp_path / "tuned")])
     out = capsys.readouterr().out
     assert "final loss" in out
     assert "held-out agreement (teacher-forced, draft step 1 / 2): " in out and " -> " in out  # before -> after
+    assert "held-out acceptance at temperature 1 (teacher-forced, draft step 1 / 2): " in out
     tuned = eagle.load(tmp_path / "tuned", jaxspec.load(tmp_path / "target"))
     assert tuned.config == head.config
+    chosen = [line for line in out.splitlines() if line.endswith("<- chosen")]  # one row of the printed table
+    assert len(chosen) == 1 and float(chosen[0].split(":")[0]) == tuned.temperature_scale
+    assert f"temperature scale: {tuned.temperature_scale:g}" in out
+    main([*base, "--out", str(tmp_path / "run3"), "--temperature-scale", "0.8", "--save-draft", str(tmp_path / "t2")])
+    assert eagle.load(tmp_path / "t2", jaxspec.load(tmp_path / "target")).temperature_scale == 0.8
+    for bad in (["--temperature-scale", "auto"], ["--temperature-scale", "0"], ["--temperature-scale", "x"]):
+        with pytest.raises(SystemExit):  # auto needs held-out records; a scale is a finite number > 0
+            main([*base, "--out", str(tmp_path / "run4"), *bad])
+    with pytest.raises(SystemExit):  # a draft model samples at the call's temperature
+        main(
+            ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "target"), "--data", str(data[0])]
+            + ["--out", str(tmp_path / "run5"), "--temperature-scale", "0.8"]
+        )
     with pytest.raises(SystemExit):  # agreement is a head's measure: refused for a draft model
         main(
             ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "target"), "--data", str(data[0])]
@@ -321,9 +379,49 @@ def test_agreement_counts_the_heads_top1_against_the_targets_on_the_outputs(targ
     got = distill_eagle.agreement(target, head, records, batch_size=4)  # padded to 64, two rows empty
     assert got["tokens"] == counted[0] == sum(len(o) for _, o in records)
     assert (got["step1"], got["step2"]) == (hits[0] / counted[0], hits[1] / counted[1])
+    assert 0 < got["accept1"] < 1 and 0 < got["accept2"] < 1
     assert 0 < hits[0] < counted[0]  # neither all nor none: the count can tell heads apart
-    assert distill_eagle.agreement(target, head, records, batch_size=1) == got
+    assert distill_eagle.agreement(target, head, records, batch_size=1) == pytest.approx(got, rel=1e-5)
     with pytest.raises(ValueError, match="head"):
         distill_eagle.agreement(target, target, records)
     with pytest.raises(ValueError, match="batch_size"):
         distill_eagle.agreement(target, head, records, batch_size=0)
+
+
+def test_acceptance_and_the_tuned_scale_match_a_per_position_reference(target, head, data):
+    """``tune_temperature_scale``'s table against sum_v min(p_v, q_v) computed position by position (p the
+    target's softmax at temperature 1, q the head's softmax over its vocabulary at logits / scale), and the best
+    scale as the most accepted drafts of a two-draft round; ``agreement``'s acceptance is the head's own scale's."""
+    records = distill_eagle.read_data(data[0])[:5]
+    features = llama.features_fn(target.config)
+    apply_fn, init_cache = eagle_model.head_fns(head.config)
+    ids = np.asarray(head.config.vocab_ids)
+    scales = (0.5, 1.0, 2.0)
+    sums, counted = np.zeros((2, 3)), 0
+    for prompt, output in records:
+        seq = jnp.asarray([prompt + output])
+        n = seq.shape[1]
+        pos = jnp.arange(n)[None]
+        logits, feats, _ = features(target.params, seq, pos, target.init_cache(1, n))
+        p = np.asarray(jax.nn.softmax(logits[0].astype(jnp.float32), -1))
+        d1, f1, _ = apply_fn(head.params, seq[:, 1:], feats[:, :-1], pos[:, :-1], init_cache(1, n))
+        d2, _, _ = apply_fn(head.params, seq[:, 2:], f1[:, :-1], pos[:, 1:-1], init_cache(1, n))
+        for step, d in enumerate((d1, d2)):
+            rows = np.asarray(d[0], np.float64)[:, ids]  # full-vocabulary logits, the draft ids' columns
+            for i in range(rows.shape[0]):
+                drafted = i + 2 + step
+                if len(prompt) <= drafted < n:
+                    counted += step == 0
+                    for j, s in enumerate(scales):
+                        q = np.exp((rows[i] - rows[i].max()) / s)
+                        sums[step, j] += np.minimum(p[drafted - 1, ids], q / q.sum()).sum()
+    ref = sums / counted
+    best, table = distill_eagle.tune_temperature_scale(target, head, records, scales=scales)
+    np.testing.assert_allclose([table[s] for s in scales], ref.T, rtol=1e-4)
+    assert best == scales[int(np.argmax(ref[0] * (1 + ref[1])))]
+    assert len({round(a, 4) for a, _ in table.values()}) == 3  # the scale matters on these records
+    got = distill_eagle.agreement(target, dataclasses.replace(head, temperature_scale=2.0), records)
+    assert (got["accept1"], got["accept2"]) == pytest.approx(tuple(ref[:, 2]), rel=1e-4)
+    for bad in ((), (0.0,), (1.0, float("inf")), "ab", None):
+        with pytest.raises(ValueError, match="scales"):
+            distill_eagle.tune_temperature_scale(target, head, records, scales=bad)

@@ -508,10 +508,17 @@ def eagle_head(target):
     return eagle.EagleDrafter.for_target(target, eagle_model.init_own(cfg, seed=3), config=cfg, name="head")
 
 
+@pytest.fixture(scope="module")
+def scaled_eagle_head(eagle_head):
+    """The same head drafting at twice the call's temperature (q flatter than the head's softmax)."""
+    return dataclasses.replace(eagle_head, temperature_scale=2.0)
+
+
 # drafter fixture -> (its cases (setting, γ), the seed base of those cases, the negative control's seed)
 RESTRICTED_DRAFTERS = {
     "reduced_draft": ([("temp1", 3), ("topk3", 1)], 7000, 7100),
     "eagle_head": ([("temp1", 1), ("temp1", 3), ("topp0.8", 2)], 8000, 8100),
+    "scaled_eagle_head": ([("temp1", 2)], 8200, 8300),
 }
 
 

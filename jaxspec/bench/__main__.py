@@ -184,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="G[,G...]",
         help="--humaneval: the EAGLE head's fixed γ (default --gamma); several: one eagle@G mode each, interleaved",
     )
+    p.add_argument(
+        "--eagle-scale",
+        type=lambda s: [float(x) for x in s.split(",")],
+        metavar="S[,S...]",
+        help="--humaneval: the EAGLE head's temperature scale (default its saved one); several: one eagle~S mode each",
+    )
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
     p.add_argument(
         "--humaneval-modes",
@@ -281,6 +287,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
     if args.gamma < 1 or (args.eagle_gamma is not None and min(args.eagle_gamma) < 1):
         p.error("--gamma and --eagle-gamma must be >= 1")
+    if args.eagle_scale is not None:
+        if not all(0 < s < float("inf") for s in args.eagle_scale):
+            p.error("--eagle-scale values must be finite numbers > 0")
+        if len(args.eagle_scale) > 1 and args.eagle_gamma is not None and len(args.eagle_gamma) > 1:
+            p.error("several --eagle-scale values run at one γ: give one --eagle-gamma")
     bad = set(args.humaneval_modes) - set(HUMANEVAL_MODES)
     if bad:
         p.error(f"--humaneval-modes: unknown {sorted(bad)}; choose from {','.join(HUMANEVAL_MODES)}")

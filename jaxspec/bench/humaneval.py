@@ -6,7 +6,8 @@ each mode, modes interleaved call by call: plain decoding, the draft at fixed γ
 ``gamma="auto"`` (one policy for the run) and prompt lookup at γ (``--humaneval-modes`` picks a subset; plain always
 runs; ``lookup-all``, only when asked, is prompt lookup as it was before it abstained: one-token matches, every
 round verified), the EAGLE head (``eagle``, at ``--eagle-gamma``, default γ) and, only when asked, the head with
-``gamma="auto"`` (``eagle-auto``, its own policy). A warm-up call per mode and (rows, cache bucket) compiles first
+``gamma="auto"`` (``eagle-auto``, its own policy); ``--eagle-scale`` sets the head's temperature scale (several:
+one ``eagle~S`` mode each, at one γ). A warm-up call per mode and (rows, cache bucket) compiles first
 (auto's calibration included).
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
@@ -18,6 +19,7 @@ Prompt ids are written with ``--prompts-out`` so transformers can be timed on th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -67,6 +69,8 @@ def head_gamma_of(mode: str, default: int) -> int:
 def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None) -> dict:
     if mode.startswith("eagle@"):
         return dict(draft=head, gamma=head_gamma_of(mode, gamma))
+    if mode.startswith("eagle~"):  # the head at another temperature scale
+        return dict(draft=dataclasses.replace(head, temperature_scale=float(mode[6:])), gamma=head_gamma or gamma)
     return {
         "plain": dict(draft=None),
         "eagle": dict(draft=head, gamma=head_gamma or gamma),
@@ -95,6 +99,12 @@ def run(args) -> dict:
     if len(head_gammas) > 1 and "eagle" in modes:  # the head at each γ, interleaved like the other modes
         at = modes.index("eagle")
         modes[at : at + 1] = [f"eagle@{g}" for g in head_gammas]
+    scales = getattr(args, "eagle_scale", None) or ()
+    if len(scales) == 1 and head is not None:
+        head = dataclasses.replace(head, temperature_scale=scales[0])
+    elif len(scales) > 1 and "eagle" in modes:  # the head at each scale (one γ), interleaved
+        at = modes.index("eagle")
+        modes[at : at + 1] = [f"eagle~{s:g}" for s in scales]
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -105,7 +115,8 @@ def run(args) -> dict:
     print(
         f"humaneval: target {target.name} {target.num_params / 1e6:.1f} M params, draft {draft.name} "
         f"{draft.num_params / 1e6:.1f} M; {len(ids)} problems ({min(map(len, ids))}-{max(map(len, ids))} prompt "
-        f"tokens, chat template), γ={args.gamma} (EAGLE head {','.join(map(str, head_gammas))}), "
+        f"tokens, chat template), γ={args.gamma} (EAGLE head {','.join(map(str, head_gammas))}"
+        f"{', temperature scale ' + ','.join(f'{s:g}' for s in scales) if scales else ''}), "
         f"{args.max_new_tokens} new tokens, EOS {eos}",
         flush=True,
     )
@@ -194,7 +205,7 @@ def run(args) -> dict:
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                if m in HEAD_MODES or m.startswith("eagle@"):
+                if m in HEAD_MODES or m.startswith(("eagle@", "eagle~")):
                     g = head_gamma_of(m, head_gamma)
                     cm, vm = head_costs[g]
                 else:
