@@ -72,6 +72,7 @@ def main(argv=None):
     )
     ap.add_argument(
         "--temperature-scale",
+        type=_scale_arg,
         metavar="auto|X",
         help="EAGLE head: draft at the call's temperature times X (saved with the head); auto: the scale whose "
         "drafts at temperature 1 are accepted most on --heldout-data (teacher-forced)",
@@ -85,13 +86,6 @@ def main(argv=None):
 
     if (args.draft is None) == (args.new_draft is None):
         ap.error("give exactly one of --draft and --new-draft")
-    if args.temperature_scale not in (None, "auto"):
-        try:
-            args.temperature_scale = float(args.temperature_scale)
-        except ValueError:
-            args.temperature_scale = -1.0
-        if not 0 < args.temperature_scale < float("inf"):
-            ap.error("--temperature-scale must be auto or a finite number > 0")
     if args.temperature_scale == "auto" and not args.heldout_data:
         ap.error("--temperature-scale auto chooses the scale on --heldout-data: give it")
     if (args.prompts is None) == (args.data is None):
@@ -160,6 +154,19 @@ def _report(args, log, target, draft) -> None:
         held = read_prompts(args.heldout)
         alpha = measure_alpha(target, draft, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed)
         print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
+
+
+def _scale_arg(text: str):
+    """``--temperature-scale``: ``auto`` or a finite number > 0."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be auto or a finite number > 0, got {text!r}")
+    return value
 
 
 def _run_eagle(args, target, spec, init=None):

@@ -180,7 +180,9 @@ def _agreement_fn(target_cfg: llama.LlamaConfig, cfg: llama.LlamaConfig, scales:
     return hits
 
 
-def _measure(target: CausalLM, head, data, batch_size: int, scales: tuple):
+def _measure(target: CausalLM, head, data, batch_size: int, scales: tuple | None = None):
+    """Counts ``[hits 1, drafted 1, hits 2, drafted 2]`` and mean acceptance ``[2, len(scales)]`` (steps 1 and 2;
+    ``scales`` default: the head's own)."""
     if not isinstance(head, eagle.EagleDrafter):
         raise ValueError(f"head must be an EagleDrafter (jaxspec.eagle.load), got {type(head).__name__}")
     if head.target_config != target.config:
@@ -188,9 +190,9 @@ def _measure(target: CausalLM, head, data, batch_size: int, scales: tuple):
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
-    hits = _agreement_fn(target.config, head.config, scales)
+    hits = _agreement_fn(target.config, head.config, scales or (head.temperature_scale,))
     order = sorted(range(len(records)), key=lambda i: len(records[i][0]) + len(records[i][1]))
-    total, accepted = np.zeros(4, np.int64), np.zeros((2, len(scales)), np.float64)
+    total, accepted = np.zeros(4, np.int64), 0.0
     for first in range(0, len(order), batch_size):
         chunk = [records[i] for i in order[first : first + batch_size]]
         width = -(-max(len(p) + len(o) for p, o in chunk) // 64) * 64  # few distinct shapes: few compiles
@@ -201,7 +203,7 @@ def _measure(target: CausalLM, head, data, batch_size: int, scales: tuple):
             start[b], stop[b] = len(prompt), len(prompt) + len(output)
         counts, accepts = hits(target.params, head.params, tokens, start, stop)
         total += np.asarray(counts)
-        accepted += np.asarray(accepts, np.float64)
+        accepted = accepted + np.asarray(accepts, np.float64)
     return total, accepted / np.maximum(total[[1, 3]], 1)[:, None]
 
 
@@ -215,7 +217,7 @@ def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: i
     sampled at temperature 1 is accepted there, ``sum_v min(p_v, q_v)`` (p the target's softmax, q the head's at
     its ``temperature_scale``). Held-out measures for choosing a head without decoding (greedy α follows the
     agreement, temperature-1 α the acceptance: README, HumanEval section)."""
-    total, accept = _measure(target, head, data, batch_size, (getattr(head, "temperature_scale", 1.0),))
+    total, accept = _measure(target, head, data, batch_size)
     return {
         "step1": total[0] / max(total[1], 1),
         "step2": total[2] / max(total[3], 1),
