@@ -13,9 +13,14 @@ and the tensors get their Hugging Face names, so the model is built by the same 
 - ``qwen2`` (q/k/v biases), ``qwen3`` (q/k RMSNorm): not permuted (llama.cpp uses the NeoX RoPE layout there).
 - ``gemma``: llama.cpp stores RMSNorm weights as 1 + w; w is recovered.
 
-The tokenizer (``tokenizer.ggml.model == "gpt2"``, byte-level BPE) is rebuilt from the vocabulary and merges
-with the ``tokenizers`` library, with the pre-tokenizer named by ``tokenizer.ggml.pre``; control tokens are
-special tokens; the chat template comes from ``tokenizer.chat_template``.
+The tokenizer is rebuilt with the ``tokenizers`` library from the file's vocabulary: ``tokenizer.ggml.model ==
+"gpt2"`` (byte-level BPE) from its merges, with the pre-tokenizer named by ``tokenizer.ggml.pre``; ``"llama"``
+(SentencePiece vocabularies: Llama 1/2, Mistral v0.1, TinyLlama, Phi-3, Gemma 1/2) from its scores, as llama.cpp
+tokenizes them: spaces become ``▁`` (one prepended unless ``tokenizer.ggml.add_space_prefix`` is false), then the
+adjacent pair whose concatenation is the highest-scoring token is merged until none is left, and a character
+outside the vocabulary falls back to its UTF-8 bytes (``<0xXX>`` tokens). Control tokens are special tokens;
+BOS (and EOS) are added on encode where the file asks for them; the chat template comes from
+``tokenizer.chat_template``.
 """
 
 from __future__ import annotations
@@ -243,36 +248,119 @@ def _pre_tokenizer(pre: str | None, path: Path):
     )
 
 
+_IGNORE_MERGES = ("llama-bpe", "llama3")
+
+
+def _bpe_model(meta: dict, tokens: list, path: Path):
+    """(model, pre-tokenizer, normalizer, decoder) of a byte-level BPE vocabulary (``tokenizer.ggml.model`` gpt2)."""
+    from tokenizers import decoders, models
+
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is None:
+        raise GGUFError(f"{path}: tokenizer metadata lacks tokenizer.ggml.merges (needed by a 'gpt2' tokenizer)")
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pre = meta.get("tokenizer.ggml.pre")
+    # Llama 3's vocabulary takes a pre-token that is itself a token whole, before any merge (llama.cpp's
+    # ignore_merges for its llama3 pre-tokenizer): ' Việt' is one token there, not ' Vi' 'ệ' 't'
+    whole = pre in _IGNORE_MERGES
+    model = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False, ignore_merges=whole)
+    return model, _pre_tokenizer(pre, path), None, decoders.ByteLevel()
+
+
+_MERGEABLE = (1, 2, 4, 5)  # token types a SentencePiece merge may produce: normal, unknown, user-defined, unused
+
+
+def spm_merges(tokens: list, scores: list, types: list) -> list[tuple[str, str]]:
+    """BPE merges equivalent to llama.cpp's SentencePiece tokenization: every split of a token into two tokens is a
+    merge, ranked by the score of the token it makes (highest first; ties by that token's id). Applying the
+    lowest-ranked adjacent pair first is then merging the highest-scoring pair first, as llama.cpp does."""
+    ids = {}
+    for i, tok in enumerate(tokens):
+        ids.setdefault(tok, i)
+    ranked = []
+    for i, piece in enumerate(tokens):
+        if types[i] not in _MERGEABLE or len(piece) < 2:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in ids and right in ids:
+                ranked.append((-float(scores[i]), i, ids[left], left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
+def _spm_model(meta: dict, tokens: list, path: Path):
+    """(model, pre-tokenizer, normalizer, decoder) of a SentencePiece vocabulary (``tokenizer.ggml.model`` llama)."""
+    from tokenizers import decoders, models, normalizers
+
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is None or len(scores) != len(tokens):
+        raise GGUFError(
+            f"{path}: a 'llama' (SentencePiece) tokenizer needs tokenizer.ggml.scores, one per token "
+            f"({len(tokens)} tokens, {'no' if scores is None else len(scores)} scores)"
+        )
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    vocab = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    model = models.BPE(
+        vocab=vocab, merges=spm_merges(tokens, scores, types), unk_token=unk, fuse_unk=True, byte_fallback=True
+    )
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    space = [normalizers.Replace(" ", "\u2581")]
+    normalizer = normalizers.Sequence(([normalizers.Prepend("\u2581")] if prefix else []) + space)
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    return model, None, normalizer, decoders.Sequence(steps)
+
+
+_TOKENIZER_MODELS = {"gpt2": _bpe_model, "llama": _spm_model}
+
+
 def build_tokenizer(meta: dict, path: Path):
     """A ``transformers`` fast tokenizer (tokenizers backend, no torch) from the GGUF tokenizer metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    from tokenizers import AddedToken, Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in _TOKENIZER_MODELS:
         raise GGUFError(
-            f"{path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); load "
-            "with tokenizer=False and attach your own"
+            f"{path}: tokenizer model {kind!r} is not supported (supported: 'gpt2', byte-level BPE; 'llama', "
+            "SentencePiece); load with tokenizer=False and attach your own"
         )
     tokens = meta.get("tokenizer.ggml.tokens")
-    merges = meta.get("tokenizer.ggml.merges")
-    if not tokens or merges is None:
-        raise GGUFError(f"{path}: tokenizer metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    if not tokens:
+        raise GGUFError(f"{path}: tokenizer metadata lacks tokenizer.ggml.tokens")
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre"), path)
-    tok.decoder = decoders.ByteLevel()
-    post = [processors.ByteLevel(trim_offsets=False)]
-    bos_id = meta.get("tokenizer.ggml.bos_token_id")
-    if meta.get("tokenizer.ggml.add_bos_token") and bos_id is not None and 0 <= bos_id < len(tokens):
-        # llama.cpp prepends BOS to every encoded text: encode(..., add_special_tokens=True) does the same
-        bos = tokens[bos_id]
+    model, pre_tokenizer, normalizer, decoder = _TOKENIZER_MODELS[kind](meta, tokens, path)
+    tok = Tokenizer(model)
+    if pre_tokenizer is not None:
+        tok.pre_tokenizer = pre_tokenizer
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.decoder = decoder
+    post = [processors.ByteLevel(trim_offsets=False)] if kind == "gpt2" else []
+    # llama.cpp adds BOS (and EOS) to every encoded text where the file asks: encode(..., add_special_tokens=True)
+    # does the same
+    ends = {}
+    for key in ("bos", "eos"):
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if meta.get(f"tokenizer.ggml.add_{key}_token") and i is not None and 0 <= i < len(tokens):
+            ends[key] = (tokens[i], i)
+    if ends:
+        bos = f"{ends['bos'][0]} " if "bos" in ends else ""
+        eos = f" {ends['eos'][0]}" if "eos" in ends else ""
         post.append(
-            processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+            processors.TemplateProcessing(
+                single=f"{bos}$A{eos}", pair=f"{bos}$A{eos} {bos}$B{eos}", special_tokens=list(set(ends.values()))
+            )
         )
-    tok.post_processor = processors.Sequence(post) if len(post) > 1 else post[0]
+    if post:
+        tok.post_processor = processors.Sequence(post) if len(post) > 1 else post[0]
     control = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3]
     user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4]
     tok.add_special_tokens(control)

@@ -136,8 +136,8 @@ def test_missing_tensors_named(tmp_path):
 
 
 def test_unsupported_tokenizer_model(tmp_path):
-    path = _write(tmp_path / "m.gguf", **{"tokenizer.ggml.model": "llama"})
-    with pytest.raises(gguf_file.GGUFError, match="tokenizer model 'llama'"):
+    path = _write(tmp_path / "m.gguf", **{"tokenizer.ggml.model": "t5"})
+    with pytest.raises(gguf_file.GGUFError, match="tokenizer model 't5'"):
         gguf_file.build_tokenizer(gguf_file._fields(gguf_file._reader(path)), path)
 
 
@@ -273,3 +273,56 @@ def test_cli_converts_a_gguf_file_to_a_jaxspec_checkpoint(tmp_path, capsys):
     logits = np.asarray(jaxspec.load(tmp_path / "out").logits(data["tokens"]))
     np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
     assert cli.main(["convert", str(tmp_path / "missing.gguf"), str(tmp_path / "o2")]) == 2
+
+
+# ------------------------------------------------------------------------------ SentencePiece ("llama") tokenizer
+
+SPM_TOKENS = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "c", "ab", "bc", "\u2581a", "<0x7A>", "<0xC3>", "<0xA9>"]
+SPM_TYPES = [2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 6, 6, 6]
+
+
+def _spm_meta(bc_score=-0.5, **extra):
+    scores = [0.0, 0.0, 0.0, -5.0, -6.0, -6.0, -6.0, -1.0, bc_score, -2.0, 0.0, 0.0, 0.0]
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": SPM_TOKENS,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": SPM_TYPES,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.add_bos_token": True,
+        **extra,
+    }
+
+
+def test_sentencepiece_tokenizer_merges_the_highest_scoring_pair_first(tmp_path):
+    """'abc' becomes '\u2581abc': pairs '\u2581a' (-2), 'ab' (-1), 'bc' (-0.5) -> 'bc' first, then '\u2581a': ids 9 8.
+    With 'bc' scored below 'ab' it is '\u2581' 'ab' 'c' (no '\u2581ab' token): ids 3 7 6."""
+    tok = gguf_file.build_tokenizer(_spm_meta(), tmp_path / "x.gguf")
+    assert tok.encode("abc", add_special_tokens=False) == [9, 8]
+    assert tok.encode("abc") == [1, 9, 8]  # BOS, as llama.cpp adds it where add_bos_token
+    assert tok.decode([9, 8]) == "abc"  # the prefix space is taken off again
+    low = gguf_file.build_tokenizer(_spm_meta(bc_score=-3.0), tmp_path / "x.gguf")
+    assert low.encode("abc", add_special_tokens=False) == [3, 7, 6]
+
+
+def test_sentencepiece_tokenizer_spaces_bytes_specials_and_prefix(tmp_path):
+    tok = gguf_file.build_tokenizer(_spm_meta(), tmp_path / "x.gguf")
+    # ' ' -> '\u2581'; 'z' is not a token: its byte <0x7A>; 'é' is two bytes C3 A9; 'q' has no byte token: <unk>
+    assert tok.encode("a z", add_special_tokens=False) == [9, 3, 10]
+    assert tok.encode("\u00e9", add_special_tokens=False) == [3, 11, 12]
+    assert tok.decode([3, 11, 12]) == "\u00e9"
+    assert tok.encode("q", add_special_tokens=False) == [3, 0]
+    # a control token in the text stays whole, and the text after it gets its own prefix space (as in llama.cpp)
+    assert tok.encode("abc</s>a", add_special_tokens=False) == [9, 8, 2, 9]
+    bare = gguf_file.build_tokenizer(_spm_meta(**{"tokenizer.ggml.add_space_prefix": False}), tmp_path / "x.gguf")
+    assert bare.encode("abc", add_special_tokens=False) == [4, 8]
+    assert bare.decode([4, 8]) == "abc"
+
+
+def test_sentencepiece_tokenizer_needs_one_score_per_token(tmp_path):
+    meta = _spm_meta()
+    meta["tokenizer.ggml.scores"] = meta["tokenizer.ggml.scores"][:-1]
+    with pytest.raises(gguf_file.GGUFError, match="tokenizer.ggml.scores, one per token"):
+        gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
