@@ -2,8 +2,9 @@
 
     model = jaxspec.load("SmolLM2-135M-Instruct.Q4_1.gguf", dtype="bfloat16")
 
-Only the file's metadata and tensor data are read, with the ``gguf`` package (``GGUFReader``); every tensor is
-dequantized by ``gguf.quants.dequantize`` (every type that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1,
+Only the file's metadata and tensor data are read: the header, metadata and tensor table by ``GGUFContents`` (a
+reader of the format over a memory map of the file, giving what the ``gguf`` package's ``GGUFReader`` gives, tested
+against it, 25-30× faster on large vocabularies); every tensor is dequantized by ``gguf.quants.dequantize`` (every type that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1,
 Q2_K–Q6_K, IQ*, …) to float32 and cast to the requested dtype. The metadata becomes a Hugging Face style config
 and the tensors get their Hugging Face names, so the model is built by the same family record
 (``jaxspec.families``) as ``jaxspec.hf.load``:
@@ -25,7 +26,9 @@ BOS (and EOS) are added on encode where the file asks for them; the chat templat
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +70,115 @@ class GGUFError(ValueError):
     """A GGUF file that cannot be loaded: truncated, malformed, or of an unsupported architecture/type."""
 
 
-def _reader(path: Path):
-    import gguf
+# GGUF value types (the format's numbering) -> numpy dtypes; 7 is bool, 8 a string, 9 an array
+_SCALARS = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 10: "u8", 11: "i8", 12: "f8"}
+_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 10: "Q", 11: "q", 12: "d"}  # struct's
+_BOOL, _STRING, _ARRAY = 7, 8, 9
 
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file: ``shape`` in GGUF order (innermost first), ``tensor_type`` a
+    ``gguf.GGMLQuantizationType``; ``data`` its bytes (read from the file on first use), rows of the last
+    dimension's bytes, as ``gguf.quants.dequantize`` takes them."""
+
+    name: str
+    tensor_type: Any
+    shape: tuple[int, ...]
+    data_offset: int
+    n_bytes: int
+    file: Any
+
+    @property
+    def data(self) -> np.ndarray:
+        raw = self.file[self.data_offset : self.data_offset + self.n_bytes]
+        rows = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        return raw.reshape(rows, -1) if self.n_bytes else raw
+
+
+class GGUFContents:
+    """A GGUF file's metadata (``fields``: key -> Python value, arrays as lists) and tensor table
+    (``tensors``: ``TensorInfo``s), parsed with ``struct`` and numpy over a memory map of the file: what
+    ``gguf.GGUFReader`` gives, read in a fraction of its time (it builds a numpy view for every string of the
+    vocabulary: 1.6 s for SmolLM2's metadata, 9 s for Llama 3's, against 0.1-0.5 s here). Tensor data stays in
+    the file until a tensor is read."""
+
+    def __init__(self, path: Path):
+        import gguf
+
+        self.path = path
+        self.file = np.memmap(path, dtype=np.uint8, mode="r")
+        buf = memoryview(self.file)
+        self._buf, self._pos = buf, 4
+        (version,) = struct.unpack_from("<I", buf, 4)
+        self._end = "<" if version < 0x10000 else ">"  # a big-endian file reads its version byte-swapped
+        version = self._u32()
+        if version not in (2, 3):
+            raise GGUFError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+        n_tensors, n_fields = self._u64(), self._u64()
+        self.fields: dict[str, Any] = {}
+        for _ in range(n_fields):
+            key = self._str()
+            self.fields[key] = self._value(self._u32())
+        known = {int(t): t for t in gguf.GGMLQuantizationType}
+        infos = []
+        for _ in range(n_tensors):
+            name = self._str()
+            dims = tuple(self._u64() for _ in range(self._u32()))
+            raw, offset = self._u32(), self._u64()
+            if raw not in known:
+                raise GGUFError(f"{path}: tensor {name!r} has an unknown quantization type {raw}")
+            infos.append((name, known[raw], dims, offset))
+        align = int(self.fields.get("general.alignment", 32))
+        start = -(-self._pos // align) * align
+        self.tensors = []
+        for name, qtype, dims, offset in infos:
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            n_bytes = int(np.prod(dims, dtype=np.int64)) * size // block
+            self.tensors.append(TensorInfo(name, qtype, dims, start + offset, n_bytes, self.file))
+        del self._buf
+
+    def _take(self, fmt: str):
+        out = struct.unpack_from(self._end + fmt, self._buf, self._pos)
+        self._pos += struct.calcsize(fmt)
+        return out[0]
+
+    def _u32(self) -> int:
+        return self._take("I")
+
+    def _u64(self) -> int:
+        return self._take("Q")
+
+    def _str(self) -> str:
+        n = self._u64()
+        if self._pos + n > len(self._buf):
+            raise struct.error("string past the end of the file")
+        text = bytes(self._buf[self._pos : self._pos + n]).decode("utf-8")
+        self._pos += n
+        return text
+
+    def _value(self, kind: int):
+        if kind in _SCALARS:
+            return self._take(_FORMATS[kind])
+        if kind == _BOOL:
+            return bool(self._take("B"))
+        if kind == _STRING:
+            return self._str()
+        if kind == _ARRAY:
+            sub, count = self._u32(), self._u64()
+            if sub in _SCALARS:  # numbers: one numpy read
+                dtype = np.dtype(_SCALARS[sub]).newbyteorder(self._end)
+                n = count * dtype.itemsize
+                if self._pos + n > len(self._buf):
+                    raise struct.error("array past the end of the file")
+                values = np.frombuffer(self._buf, dtype, count, self._pos).tolist()
+                self._pos += n
+                return values
+            return [self._value(sub) for _ in range(count)]
+        raise ValueError(f"unknown metadata value type {kind}")
+
+
+def _reader(path: Path) -> GGUFContents:
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     with open(path, "rb") as f:
@@ -77,26 +186,20 @@ def _reader(path: Path):
     if magic != b"GGUF":
         raise GGUFError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as err:  # the reader raises ValueError/IndexError/struct errors on a damaged file
+        contents = GGUFContents(path)
+    except GGUFError:
+        raise
+    except Exception as err:  # struct errors, bad UTF-8, unknown value types: a damaged file
         raise GGUFError(f"{path} is truncated or malformed and cannot be read ({type(err).__name__}: {err})") from None
     size = path.stat().st_size
-    for t in reader.tensors:
+    for t in contents.tensors:
         if t.data_offset + t.n_bytes > size:
             raise GGUFError(f"{path} is truncated: tensor {t.name!r} ends past the end of the file")
-    return reader
+    return contents
 
 
-def _fields(reader) -> dict[str, Any]:
-    out = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            out[key] = field.contents()
-        except Exception as err:
-            raise GGUFError(f"metadata field {key!r} cannot be decoded ({err})") from None
-    return out
+def _fields(contents: GGUFContents) -> dict[str, Any]:
+    return {k: v for k, v in contents.fields.items() if not k.startswith("GGUF.")}
 
 
 def _hf_config(meta: dict, arch: str, tensor_names: set[str], path: Path) -> dict:

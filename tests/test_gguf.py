@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import gguf_file
+from jaxspec import gguf_file, named
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
 MANIFEST = {f["name"]: f for f in json.loads((FIXTURES / "manifest.json").read_text())["fixtures"]}
@@ -81,6 +81,47 @@ def test_bfloat16_load():
     data = _expected(name)
     logits = np.asarray(model.logits(data["tokens"]))
     assert np.abs(logits - data["logits"]).max() < 0.1 * np.abs(data["logits"]).max() + 0.05
+
+
+def _same_as_gguf_reader(path):
+    """jaxspec's own metadata and tensor-table reader gives what the gguf package's GGUFReader gives."""
+    ref = gguf.GGUFReader(path, "r")
+    mine = gguf_file._reader(path)
+    assert gguf_file._fields(mine) == {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+    assert len(mine.tensors) == len(ref.tensors)
+    for a, b in zip(ref.tensors, mine.tensors):
+        assert (b.name, b.tensor_type, b.shape, b.data_offset, b.n_bytes) == (
+            a.name,
+            a.tensor_type,
+            tuple(int(n) for n in a.shape),
+            a.data_offset,
+            a.n_bytes,
+        )
+        assert b.data.tobytes() == a.data.tobytes()
+        np.testing.assert_array_equal(
+            gguf.quants.dequantize(b.data, b.tensor_type).ravel(), gguf.quants.dequantize(a.data, a.tensor_type).ravel()
+        )
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_reader_matches_gguf_package(name):
+    _same_as_gguf_reader(_fixture(name))
+
+
+def test_reader_reads_big_endian_files(tmp_path):
+    path = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(path), "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_uint32("llama.block_count", 3)
+    w.add_array("tokenizer.ggml.scores", [0.5, -1.25])
+    w.add_array("tokenizer.ggml.tokens", ["a", "\u2581b"])
+    w.add_tensor("token_embd.weight", np.arange(12, dtype=np.float32).reshape(3, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    meta = gguf_file._fields(gguf_file._reader(path))
+    assert meta["llama.block_count"] == 3 and meta["tokenizer.ggml.scores"] == [0.5, -1.25]
+    assert meta["tokenizer.ggml.tokens"] == ["a", "\u2581b"]
 
 
 # ----------------------------------------------------------------------------------------------- errors
@@ -166,6 +207,11 @@ TOKENIZATION = json.loads((FIXTURES / "smollm2_tokenization.json").read_text())
 @pytest.fixture(scope="module")
 def smollm2():
     return jaxspec.load("smollm2-135m-instruct", "float32")
+
+
+@pytest.mark.real
+def test_reader_matches_gguf_package_on_the_real_file(smollm2):
+    _same_as_gguf_reader(named.path("smollm2-135m-instruct"))
 
 
 @pytest.mark.real

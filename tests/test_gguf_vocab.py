@@ -18,6 +18,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+import gguf
 import pytest
 
 from jaxspec import gguf_file, named
@@ -107,3 +108,10 @@ def test_negative_controls_differ_from_the_vectors(vocab_dir, monkeypatch):
     assert wrong(_tokenizer(vocab_dir, "llama-spm", **{"tokenizer.ggml.add_space_prefix": False}), "llama-spm") > 5
     monkeypatch.setattr(gguf_file, "_IGNORE_MERGES", ())
     assert wrong(_tokenizer(vocab_dir, "llama-bpe"), "llama-bpe") >= 1
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "gpt-2"])
+def test_reader_reads_vocabularies_as_the_gguf_package_does(vocab_dir, name):
+    path = vocab_dir / f"ggml-vocab-{name}.gguf"
+    ref = {k: f.contents() for k, f in gguf.GGUFReader(path, "r").fields.items() if not k.startswith("GGUF.")}
+    assert _metadata(path) == ref
