@@ -25,6 +25,12 @@ SmolLM2 fixtures (from the real ``SmolLM2-135M-Instruct.Q4_1.gguf``, never copie
 
     smollm2_tokenization.json  transformers' GGUF tokenizer on ~300 strings and 4 chat conversations
     smollm2_logits.npz         tokens0/tokens1 int32 [T], logits0/logits1 float32 [T, 49152]
+
+SentencePiece fixture (``--only spm --spm-vocab ggml-vocab-llama-spm.gguf``: llama.cpp's vocabulary-only Llama 2
+file, which tests/test_gguf_vocab.py fetches from the llama-cpp-python source archive into
+``~/.cache/jaxspec/test-data/``; never copied into the repo):
+
+    llama_spm_tokenization.json  transformers' GGUF tokenizer on the same ~300 strings
 """
 
 from __future__ import annotations
@@ -769,9 +775,35 @@ def make_smollm2(gguf_path: Path, report, bench: bool):
         torch.set_num_threads(1)
 
 
+def make_spm(vocab_path: Path, report):
+    tok = transformers.AutoTokenizer.from_pretrained(str(vocab_path.parent), gguf_file=vocab_path.name)
+    cases = []
+    for s in TRICKY + number_strings() + stdlib_strings():
+        ids = tok.encode(s, add_special_tokens=False)
+        cases.append({"text": s, "ids": ids, "roundtrip": tok.decode(ids) == s})
+    data = {
+        "source": vocab_path.name,
+        "transformers": transformers.__version__,
+        "gguf": GGUF_VERSION,
+        "vocab_size": len(tok),
+        "encode_kwargs": {"add_special_tokens": False},
+        "strings": cases,
+    }
+    (OUT / "llama_spm_tokenization.json").write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n")
+    bad = [c["text"] for c in cases if not c["roundtrip"]]
+    line = f"llama-spm tokenizer: {len(cases)} strings ({len(bad)} not round-tripping: {bad[:6]!r})"
+    print(line)
+    report.append(line)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["synthetic", "smollm2"], default=None)
+    ap.add_argument("--only", choices=["synthetic", "smollm2", "spm"], default=None)
+    ap.add_argument(
+        "--spm-vocab",
+        default=str(Path.home() / ".cache/jaxspec/test-data/llama-cpp-vocab-0.3.36/ggml-vocab-llama-spm.gguf"),
+        help="llama.cpp's ggml-vocab-llama-spm.gguf (run tests/test_gguf_vocab.py once to fetch it)",
+    )
     ap.add_argument("--smollm2", default=SMOL_DEFAULT, help="path to SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--bench", action="store_true", help="also time transformers' greedy generate on SmolLM2")
     args = ap.parse_args()
@@ -785,6 +817,11 @@ def main():
         if not path.exists():
             sys.exit(f"{path} not found (pass --smollm2 PATH)")
         make_smollm2(path, report, args.bench)
+    if args.only in (None, "spm"):
+        path = Path(args.spm_vocab)
+        if not path.exists():
+            sys.exit(f"{path} not found (pass --spm-vocab PATH)")
+        make_spm(path, report)
     total = sum(p.stat().st_size for p in OUT.iterdir() if p.is_file())
     print(f"{OUT.relative_to(ROOT)}: {total / 1e6:.2f} MB")
 
