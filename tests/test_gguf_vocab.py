@@ -14,6 +14,7 @@ BPE ones (GPT-2's; Llama 3's, whose pre-tokens that are tokens whole skip the me
 import functools
 import hashlib
 import json
+import os
 import shutil
 import tarfile
 import urllib.request
@@ -44,26 +45,28 @@ def _sha256(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def vocab_dir() -> Path:
-    """The unpacked vocabulary files (fetched and unpacked on first use, then read from the cache)."""
+    """The unpacked vocabulary files (fetched and unpacked on first use, then read from the cache). Safe when
+    several test processes (pytest -n) fetch at once: each downloads to a file of its own and moves finished files
+    into place atomically."""
     out = named.cache_dir() / "test-data" / "llama-cpp-vocab-0.3.36"
     wanted = [f"ggml-vocab-{n}.gguf{ext}" for n in VOCABS for ext in ("", ".inp", ".out")]
     if all((out / w).is_file() for w in wanted):
         return out
     out.mkdir(parents=True, exist_ok=True)
-    archive = out / SDIST
-    if not archive.is_file() or _sha256(archive) != SHA256:
-        partial = out / (SDIST + ".part")
-        with urllib.request.urlopen(URL, timeout=300) as response, open(partial, "wb") as f:
+    archive = out / f"{SDIST}.{os.getpid()}.part"
+    try:
+        with urllib.request.urlopen(URL, timeout=300) as response, open(archive, "wb") as f:
             shutil.copyfileobj(response, f)
-        digest = _sha256(partial)
+        digest = _sha256(archive)
         assert digest == SHA256, f"{SDIST} has sha256 {digest}, expected {SHA256}"
-        partial.rename(archive)
-    with tarfile.open(archive) as tar:
-        for name in wanted:
-            member = tar.getmember(MODELS + name)
-            with tar.extractfile(member) as src, open(out / name, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    archive.unlink()  # 77 MB: only the few files above are kept
+        with tarfile.open(archive) as tar:
+            for name in wanted:
+                part = out / f"{name}.{os.getpid()}.part"
+                with tar.extractfile(tar.getmember(MODELS + name)) as src, open(part, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.replace(part, out / name)
+    finally:
+        archive.unlink(missing_ok=True)  # 77 MB: only the few files above are kept
     return out
 
 
