@@ -203,8 +203,19 @@ def _fields(contents: GGUFContents) -> dict[str, Any]:
     return {k: v for k, v in contents.fields.items() if not k.startswith("GGUF.")}
 
 
-def _hf_config(meta: dict, arch: str, tensor_names: set[str], path: Path) -> dict:
-    """A Hugging Face style ``config.json`` dict from the GGUF metadata."""
+def _rope_freqs(contents: GGUFContents) -> list[float] | None:
+    """The per-dimension RoPE divisors of a ``rope_freqs.weight`` tensor (Llama 3.1's scaling, as llama.cpp's
+    converter stores it), or None."""
+    import gguf
+
+    for t in contents.tensors:
+        if t.name == "rope_freqs.weight":
+            return [float(x) for x in np.ravel(gguf.quants.dequantize(t.data, t.tensor_type))]
+    return None
+
+
+def _hf_config(meta: dict, arch: str, tensor_names: set[str], path: Path, rope_freqs=None) -> dict:
+    """A Hugging Face style ``config.json`` dict from the GGUF metadata (``rope_freqs``: ``_rope_freqs``)."""
 
     def need(key):
         full = f"{arch}.{key}"
@@ -241,19 +252,22 @@ def _hf_config(meta: dict, arch: str, tensor_names: set[str], path: Path) -> dic
         "hidden_act": "gelu_pytorch_tanh" if arch == "gemma" else "silu",
     }
     scaling = meta.get(f"{arch}.rope.scaling.type")
-    if "rope_freqs.weight" in tensor_names:
-        raise GGUFError(
-            f"{path}: per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1 scaling) are not supported yet"
-        )
     if scaling not in (None, "none"):
         if scaling != "linear":
             raise GGUFError(f"{path}: RoPE scaling type {scaling!r} is not supported (only linear)")
+        if rope_freqs is not None:
+            raise GGUFError(f"{path}: both rope.scaling.type {scaling!r} and rope_freqs.weight: which applies?")
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    elif rope_freqs is not None:  # Llama 3.1's band rescaling, stored as one divisor per frequency
+        config["rope_scaling"] = {"rope_type": "factors", "factors": rope_freqs}
     if arch == "qwen2":
         config["attention_bias"] = True
     elif "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_output.bias" in tensor_names:
         config["attention_bias"] = True
     return config
+
+
+_PERMUTED_NAMES = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
 
 
 def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -284,6 +298,8 @@ class _Tensors:
 
     @staticmethod
     def _hf_name(name: str) -> str | None:
+        if name == "rope_freqs.weight":  # read into the config (``_rope_freqs``), not a weight
+            return None
         if name in _GLOBAL_NAMES:
             return _GLOBAL_NAMES[name]
         if name.startswith("blk."):
@@ -311,7 +327,8 @@ class _Tensors:
                 f"installed gguf package cannot dequantize ({err})"
             ) from None
         w = np.asarray(w, np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
-        if self.arch in _PERMUTED_QK and name.endswith(("q_proj.weight", "k_proj.weight")):
+        # llama.cpp's converter permutes the q/k biases as it does the weights' rows
+        if self.arch in _PERMUTED_QK and name.endswith(_PERMUTED_NAMES):
             heads = self.config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
             w = _unpermute(w, heads)
         if self.arch == "gemma" and name.endswith("norm.weight"):
@@ -497,7 +514,7 @@ def read_config(path: str | os.PathLike) -> dict:
     reader = _reader(path)
     meta = _fields(reader)
     arch = _architecture(meta, path)
-    return _hf_config(meta, arch, {t.name for t in reader.tensors}, path)
+    return _hf_config(meta, arch, {t.name for t in reader.tensors}, path, _rope_freqs(reader))
 
 
 def _architecture(meta: dict, path: Path) -> str:
@@ -524,7 +541,7 @@ def load(
     reader = _reader(path)
     meta = _fields(reader)
     arch = _architecture(meta, path)
-    config = _hf_config(meta, arch, {t.name for t in reader.tensors}, path)
+    config = _hf_config(meta, arch, {t.name for t in reader.tensors}, path, _rope_freqs(reader))
     family = families.family_for_model_type(config["model_type"])
     try:
         cfg = family.config_from_hf(config, config["model_type"], dtype)

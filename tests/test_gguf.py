@@ -372,3 +372,108 @@ def test_sentencepiece_tokenizer_needs_one_score_per_token(tmp_path):
     meta["tokenizer.ggml.scores"] = meta["tokenizer.ggml.scores"][:-1]
     with pytest.raises(gguf_file.GGUFError, match="tokenizer.ggml.scores, one per token"):
         gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
+
+
+# ------------------------------------------------------------------------------ Llama 3.1 RoPE (rope_freqs)
+
+HF_LLAMA3 = Path(__file__).parent / "fixtures" / "hf" / "llama3_rope_mqa_tied"
+
+
+def _llama3_divisors(head_dim, theta, factor, low, high, original):
+    """What llama.cpp's converter stores as rope_freqs.weight: per frequency, the divisor of Llama 3.1's band
+    rescaling (written here from its published definition, apart from jaxspec.models.rope)."""
+    divisors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * np.pi * theta ** (i / head_dim)
+        if wavelen < original / high:
+            divisors.append(1.0)
+        elif wavelen > original / low:
+            divisors.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            divisors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(divisors, np.float32)
+
+
+def _write_hf_as_gguf(path, with_rope_freqs=True):
+    """The HF fixture (transformers' logits in expected.npz) as llama.cpp's converter writes it: llama.cpp names,
+    q/k weight rows and biases permuted for its interleaved RoPE, 1-D tensors F32, Llama 3.1's scaling as
+    rope_freqs.weight."""
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((HF_LLAMA3 / "config.json").read_text())
+    rope = cfg["rope_parameters"]
+    heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    head_dim = cfg["head_dim"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_uint32("llama.vocab_size", cfg["vocab_size"])
+
+    def permute(x, n):
+        return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    names = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
+    for proj, short in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output")):
+        for kind in ("weight", "bias"):
+            names[f"self_attn.{proj}_proj.{kind}"] = f"attn_{short}.{kind}"
+    for name, x in load_file(HF_LLAMA3 / "model.safetensors").items():
+        x = np.asarray(x, np.float32)
+        if name == "model.embed_tokens.weight":
+            w.add_tensor("token_embd.weight", x)
+        elif name == "model.norm.weight":
+            w.add_tensor("output_norm.weight", x)
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            if rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
+                x = permute(x, heads if ".q_proj" in rest else kv)
+            w.add_tensor(f"blk.{layer}.{names[rest]}", x)
+    if with_rope_freqs:
+        w.add_tensor(
+            "rope_freqs.weight",
+            _llama3_divisors(
+                head_dim,
+                rope["rope_theta"],
+                rope["factor"],
+                rope["low_freq_factor"],
+                rope["high_freq_factor"],
+                rope["original_max_position_embeddings"],
+            ),
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_llama31_rope_freqs_and_qk_biases_match_transformers(tmp_path):
+    """A Llama with Llama 3.1's RoPE scaling and q/k/v/o biases, as llama.cpp stores it (rope_freqs.weight,
+    biases permuted like the rows), gives transformers' logits over 56 positions (most of its frequencies are
+    rescaled: the scaling's effect grows with the position). Negative control: the same file without
+    rope_freqs.weight (plain RoPE) does not."""
+    data = np.load(HF_LLAMA3 / "expected.npz")
+    model = jaxspec.load(_write_hf_as_gguf(tmp_path / "l3.gguf"), tokenizer=False)
+    assert model.config.rope_type == "factors"  # and rope_freqs.weight is not left over as an unused tensor
+    logits = np.asarray(model.logits(data["ids"]))
+    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
+    plain = jaxspec.load(_write_hf_as_gguf(tmp_path / "plain.gguf", with_rope_freqs=False), tokenizer=False)
+    assert plain.config.rope_type == "default"
+    assert np.abs(np.asarray(plain.logits(data["ids"])) - data["logits"]).max() > 1e-2
+    with pytest.raises(ValueError, match="no Hugging Face config equivalent"):
+        jaxspec.export_hf(model, tmp_path / "hf")
+    jaxspec.save(model, tmp_path / "ckpt")  # the divisors survive a checkpoint (JSON lists back to a tuple)
+    assert jaxspec.load(tmp_path / "ckpt").config == model.config

@@ -310,3 +310,10 @@ def test_rope_registry_llama3_bands():
         rope.inverse_frequencies(head_dim, theta, "yarn", factor=2.0)
     with pytest.raises(ValueError, match="does not take"):
         rope.inverse_frequencies(head_dim, theta, "linear", factor=2.0, beta_fast=32)
+    # per-frequency divisors (a GGUF file's rope_freqs): llama3's bands expressed as base / scaled
+    divisors = tuple(base / scaled)
+    np.testing.assert_allclose(rope.inverse_frequencies(head_dim, theta, "factors", factors=divisors), scaled)
+    with pytest.raises(ValueError, match="head_dim // 2 = 32 finite numbers > 0"):
+        rope.inverse_frequencies(head_dim, theta, "factors", factors=divisors[:-1])
+    with pytest.raises(ValueError, match="head_dim // 2 = 32 finite numbers > 0"):
+        rope.inverse_frequencies(head_dim, theta, "factors", factors=(0.0,) * 32)

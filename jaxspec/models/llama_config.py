@@ -74,8 +74,11 @@ class LlamaConfig:
             len(set(self.vocab_ids)) != len(self.vocab_ids) or not all(0 <= i < self.vocab_size for i in self.vocab_ids)
         ):
             raise ValueError(f"vocab_ids must be distinct ids in [0, vocab_size={self.vocab_size})")
-        if isinstance(self.rope_params, dict):
-            object.__setattr__(self, "rope_params", tuple(sorted(self.rope_params.items())))
+        # sorted (name, value) pairs; a list value (per-dimension factors, or read back from JSON) as a tuple, so
+        # the config stays hashable (it is a static argument of every compiled program)
+        params = dict(self.rope_params)
+        params = {k: tuple(map(float, v)) if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+        object.__setattr__(self, "rope_params", tuple(sorted(params.items())))
         check_rope(self.rope_type, dict(self.rope_params))
         if self.mlp_activation not in ACTIVATIONS:
             raise ValueError(f"mlp_activation must be one of {sorted(ACTIVATIONS)}, got {self.mlp_activation!r}")
@@ -232,6 +235,11 @@ def _model_type(cfg: LlamaConfig) -> str:
 def common_hf_config(cfg: LlamaConfig, model_type: str, architecture: str) -> dict:
     """The ``config.json`` fields every Llama-layout ``model_type`` shares."""
     rope = dict(cfg.rope_params)
+    if cfg.rope_type == "factors":
+        raise ValueError(
+            "per-dimension RoPE factors (a GGUF file's rope_freqs, Llama 3.1's scaling as llama.cpp stores it) have "
+            "no Hugging Face config equivalent; export a checkpoint loaded from Hugging Face instead"
+        )
     return {
         "architectures": [architecture],
         "model_type": model_type,

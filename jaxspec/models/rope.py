@@ -6,7 +6,10 @@ The inverse frequencies come from a small registry keyed by the Hugging Face ``r
 - ``linear``: the default frequencies divided by ``factor`` (positions interpolated by ``1 / factor``);
 - ``llama3``: Llama 3.1's band rescaling: wavelengths shorter than ``original_max_position_embeddings /
   high_freq_factor`` are kept, those longer than ``original_max_position_embeddings / low_freq_factor`` are divided
-  by ``factor``, and the band in between is interpolated smoothly.
+  by ``factor``, and the band in between is interpolated smoothly;
+- ``factors``: the default frequencies divided one by one by ``factors`` (``head_dim // 2`` numbers), as GGUF files
+  store Llama 3.1's scaling (llama.cpp's ``rope_freqs`` tensor: the converter computes the ``llama3`` band
+  rescaling once and keeps the per-dimension divisors).
 
 Add a type with ``register_rope("name", fn, required=(...))`` where ``fn(head_dim, theta, **params)`` returns the
 ``[head_dim // 2]`` inverse frequencies.
@@ -73,8 +76,16 @@ def _llama3(
     return np.where(medium, smoothed, scaled)
 
 
+def _factors(head_dim: int, theta: float, *, factors: tuple) -> np.ndarray:
+    factors = np.asarray(factors, np.float64)
+    if factors.shape != (head_dim // 2,) or not np.all(np.isfinite(factors)) or np.any(factors <= 0):
+        raise ValueError(f"rope factors must be head_dim // 2 = {head_dim // 2} finite numbers > 0, got {factors!r}")
+    return _default(head_dim, theta) / factors
+
+
 register_rope("default", _default)
 register_rope("linear", _linear, required=("factor",))
+register_rope("factors", _factors, required=("factors",))
 register_rope(
     "llama3",
     _llama3,
