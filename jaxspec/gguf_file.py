@@ -199,10 +199,6 @@ def _reader(path: Path) -> GGUFContents:
     return contents
 
 
-def _fields(contents: GGUFContents) -> dict[str, Any]:
-    return {k: v for k, v in contents.fields.items() if not k.startswith("GGUF.")}
-
-
 def _rope_freqs(contents: GGUFContents) -> list[float] | None:
     """The per-dimension RoPE divisors of a ``rope_freqs.weight`` tensor (Llama 3.1's scaling, as llama.cpp's
     converter stores it), or None."""
@@ -214,8 +210,11 @@ def _rope_freqs(contents: GGUFContents) -> list[float] | None:
     return None
 
 
-def _hf_config(meta: dict, arch: str, tensor_names: set[str], path: Path, rope_freqs=None) -> dict:
-    """A Hugging Face style ``config.json`` dict from the GGUF metadata (``rope_freqs``: ``_rope_freqs``)."""
+def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
+    """A Hugging Face style ``config.json`` dict from the GGUF metadata and tensor table."""
+    meta = contents.fields
+    tensor_names = {t.name for t in contents.tensors}
+    rope_freqs = _rope_freqs(contents)
 
     def need(key):
         full = f"{arch}.{key}"
@@ -372,7 +371,7 @@ def _pre_tokenizer(pre: str | None, path: Path):
 _IGNORE_MERGES = ("llama-bpe", "llama3")
 
 
-def _bpe_model(meta: dict, tokens: list, path: Path):
+def _bpe_model(meta: dict, tokens: list, types: list, path: Path):
     """(model, pre-tokenizer, normalizer, decoder) of a byte-level BPE vocabulary (``tokenizer.ggml.model`` gpt2)."""
     from tokenizers import decoders, models
 
@@ -392,13 +391,11 @@ def _bpe_model(meta: dict, tokens: list, path: Path):
 _MERGEABLE = (1, 2, 4, 5)  # token types a SentencePiece merge may produce: normal, unknown, user-defined, unused
 
 
-def spm_merges(tokens: list, scores: list, types: list) -> list[tuple[str, str]]:
-    """BPE merges equivalent to llama.cpp's SentencePiece tokenization: every split of a token into two tokens is a
-    merge, ranked by the score of the token it makes (highest first; ties by that token's id). Applying the
-    lowest-ranked adjacent pair first is then merging the highest-scoring pair first, as llama.cpp does."""
-    ids = {}
-    for i, tok in enumerate(tokens):
-        ids.setdefault(tok, i)
+def _spm_merges(tokens: list, scores: list, types: list, ids: dict) -> list[tuple[str, str]]:
+    """BPE merges equivalent to llama.cpp's SentencePiece tokenization: every split of a token into two tokens
+    (``ids``: token -> id) is a merge, ranked by the score of the token it makes (highest first; ties by that
+    token's id). Applying the lowest-ranked adjacent pair first is then merging the highest-scoring pair first, as
+    llama.cpp does."""
     ranked = []
     for i, piece in enumerate(tokens):
         if types[i] not in _MERGEABLE or len(piece) < 2:
@@ -411,7 +408,7 @@ def spm_merges(tokens: list, scores: list, types: list) -> list[tuple[str, str]]
     return [(left, right) for *_, left, right in ranked]
 
 
-def _spm_model(meta: dict, tokens: list, path: Path):
+def _spm_model(meta: dict, tokens: list, types: list, path: Path):
     """(model, pre-tokenizer, normalizer, decoder) of a SentencePiece vocabulary (``tokenizer.ggml.model`` llama)."""
     from tokenizers import decoders, models, normalizers
 
@@ -421,14 +418,13 @@ def _spm_model(meta: dict, tokens: list, path: Path):
             f"{path}: a 'llama' (SentencePiece) tokenizer needs tokenizer.ggml.scores, one per token "
             f"({len(tokens)} tokens, {'no' if scores is None else len(scores)} scores)"
         )
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     vocab = {}
     for i, tok in enumerate(tokens):
-        vocab.setdefault(tok, i)
+        vocab.setdefault(tok, i)  # a duplicated piece keeps its first id, as llama.cpp's lookup does
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
     model = models.BPE(
-        vocab=vocab, merges=spm_merges(tokens, scores, types), unk_token=unk, fuse_unk=True, byte_fallback=True
+        vocab=vocab, merges=_spm_merges(tokens, scores, types, vocab), unk_token=unk, fuse_unk=True, byte_fallback=True
     )
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     space = [normalizers.Replace(" ", "\u2581")]
@@ -457,7 +453,7 @@ def build_tokenizer(meta: dict, path: Path):
     if not tokens:
         raise GGUFError(f"{path}: tokenizer metadata lacks tokenizer.ggml.tokens")
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    model, pre_tokenizer, normalizer, decoder = _TOKENIZER_MODELS[kind](meta, tokens, path)
+    model, pre_tokenizer, normalizer, decoder = _TOKENIZER_MODELS[kind](meta, tokens, types, path)
     tok = Tokenizer(model)
     if pre_tokenizer is not None:
         tok.pre_tokenizer = pre_tokenizer
@@ -512,9 +508,7 @@ def read_config(path: str | os.PathLike) -> dict:
     """The Hugging Face style config the file's metadata describes (no tensor is dequantized)."""
     path = Path(path)
     reader = _reader(path)
-    meta = _fields(reader)
-    arch = _architecture(meta, path)
-    return _hf_config(meta, arch, {t.name for t in reader.tensors}, path, _rope_freqs(reader))
+    return _hf_config(reader, _architecture(reader.fields, path), path)
 
 
 def _architecture(meta: dict, path: Path) -> str:
@@ -539,9 +533,9 @@ def load(
     dtype = dtypes.check(dtype)
     path = Path(path)
     reader = _reader(path)
-    meta = _fields(reader)
+    meta = reader.fields
     arch = _architecture(meta, path)
-    config = _hf_config(meta, arch, {t.name for t in reader.tensors}, path, _rope_freqs(reader))
+    config = _hf_config(reader, arch, path)
     family = families.family_for_model_type(config["model_type"])
     try:
         cfg = family.config_from_hf(config, config["model_type"], dtype)

@@ -87,7 +87,7 @@ def _same_as_gguf_reader(path):
     """jaxspec's own metadata and tensor-table reader gives what the gguf package's GGUFReader gives."""
     ref = gguf.GGUFReader(path, "r")
     mine = gguf_file._reader(path)
-    assert gguf_file._fields(mine) == {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+    assert mine.fields == {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
     assert len(mine.tensors) == len(ref.tensors)
     for a, b in zip(ref.tensors, mine.tensors):
         assert (b.name, b.tensor_type, b.shape, b.data_offset, b.n_bytes) == (
@@ -119,7 +119,7 @@ def test_reader_reads_big_endian_files(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    meta = gguf_file._fields(gguf_file._reader(path))
+    meta = gguf_file._reader(path).fields
     assert meta["llama.block_count"] == 3 and meta["tokenizer.ggml.scores"] == [0.5, -1.25]
     assert meta["tokenizer.ggml.tokens"] == ["a", "\u2581b"]
 
@@ -179,7 +179,7 @@ def test_missing_tensors_named(tmp_path):
 def test_unsupported_tokenizer_model(tmp_path):
     path = _write(tmp_path / "m.gguf", **{"tokenizer.ggml.model": "t5"})
     with pytest.raises(gguf_file.GGUFError, match="tokenizer model 't5'"):
-        gguf_file.build_tokenizer(gguf_file._fields(gguf_file._reader(path)), path)
+        gguf_file.build_tokenizer(gguf_file._reader(path).fields, path)
 
 
 def test_unpermute_inverts_llama_cpp_order():
