@@ -337,38 +337,79 @@ class _Tensors:
 
 # ----------------------------------------------------------------------------------------------- tokenizer
 
+# The pre-tokenizers of byte-level BPE vocabularies, by ``tokenizer.ggml.pre``: the regular expressions that split
+# the text in turn (each match isolated, the text between matches kept), as the model's own tokenizer.json does and
+# llama.cpp reproduces (llama-vocab.cpp; its case-insensitive groups written out there, kept as (?i:...) here),
+# then GPT-2's byte-to-unicode mapping.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 _LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN2_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN35_SPLIT = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"  # CJK ideographs (and what lies below them), Hangul
+_DEEPSEEK_LLM_LETTERS = (  # the letters DeepSeek LLM's tokenizer keeps together (Latin, Greek, Cyrillic, ...)
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f"
+    "\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77"
+    "\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d"
+    "\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+    "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
+    "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a"
+    "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2"
+    "\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943"
+)
+_STARCODER = (r"\p{N}", _GPT2_SPLIT)  # digits one by one, then GPT-2's split
+_PRE_TOKENIZERS = {
+    "gpt2": (_GPT2_SPLIT,),
+    "llama3": (_LLAMA3_SPLIT,),
+    "qwen2": (_QWEN2_SPLIT,),
+    "qwen35": (_QWEN35_SPLIT,),
+    "starcoder": _STARCODER,
+    "deepseek-llm": (
+        r"[\r\n]",
+        rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+",
+        "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+        r"\s+$",
+        _CJK,
+        r"\p{N}+",
+    ),
+    "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
+    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT, "[0-9][0-9][0-9]"),
+}
+# llama.cpp's names for each (tokenizer.ggml.pre); the names in one entry share its splits exactly
+_PRE_NAMES = {
+    "gpt2": ("default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "exaone4", "roberta-bpe"),
+    "llama3": ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "dbrx", "smaug-bpe"),
+    "qwen2": ("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"),
+    "qwen35": ("qwen35",),
+    "starcoder": ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"),
+    "deepseek-llm": ("deepseek-llm",),
+    "deepseek-coder": ("deepseek-coder",),
+    "falcon": ("falcon",),
+}
+_PRE_KIND = {name: kind for kind, names in _PRE_NAMES.items() for name in names}
+# pre-tokenizers whose pre-token that is a token whole is taken before any merge (llama.cpp's ignore_merges):
+# Llama 3's ' Việt' is one token there, not ' Vi' 'ệ' 't'
+_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral")
 
 
 def _pre_tokenizer(pre: str | None, path: Path):
     from tokenizers import Regex
     from tokenizers import pre_tokenizers as pt
 
-    byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in (None, "default", "gpt-2", "gpt2"):
-        return byte_level
-    if pre == "smollm":  # digits one by one, then GPT-2's split (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM)
-        return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
-    splits = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
-    if pre in splits:
-        return pt.Sequence(
-            [pt.Split(Regex(splits[pre]), behavior="isolated"), pt.ByteLevel(add_prefix_space=False, use_regex=False)]
+    kind = _PRE_KIND.get("default" if pre is None else pre)
+    if kind is None:
+        raise GGUFError(
+            f"{path}: tokenizer pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_PRE_KIND))}); "
+            "load with tokenizer=False and attach your own"
         )
-    raise GGUFError(
-        f"{path}: tokenizer pre-tokenizer {pre!r} is not supported (supported: default, gpt2, smollm, "
-        "llama-bpe, qwen2); load with tokenizer=False and attach your own"
-    )
-
-
-_IGNORE_MERGES = ("llama-bpe", "llama3")
+    splits = [pt.Split(Regex(expr), behavior="isolated") for expr in _PRE_TOKENIZERS[kind]]
+    return pt.Sequence([*splits, pt.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def _bpe_model(meta: dict, tokens: list, types: list, path: Path):
@@ -381,10 +422,9 @@ def _bpe_model(meta: dict, tokens: list, types: list, path: Path):
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     pre = meta.get("tokenizer.ggml.pre")
-    # Llama 3's vocabulary takes a pre-token that is itself a token whole, before any merge (llama.cpp's
-    # ignore_merges for its llama3 pre-tokenizer): ' Việt' is one token there, not ' Vi' 'ệ' 't'
-    whole = pre in _IGNORE_MERGES
-    model = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False, ignore_merges=whole)
+    model = models.BPE(
+        vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False, ignore_merges=pre in _IGNORE_MERGES
+    )
     return model, _pre_tokenizer(pre, path), None, decoders.ByteLevel()
 
 

@@ -8,7 +8,9 @@ llama.cpp); the archive is fetched once (pinned version, checked against its sha
 is imported or run.
 
 Families checked: SentencePiece vocabularies (``tokenizer.ggml.model`` llama: Llama 2's, Phi-3's) and byte-level
-BPE ones (GPT-2's; Llama 3's, whose pre-tokens that are tokens whole skip the merges).
+BPE ones, one per pre-tokenizer jaxspec builds (``tokenizer.ggml.pre``): GPT-2's and MPT's (GPT-2's split), Llama 3's
+(whose pre-tokens that are tokens whole skip the merges), Qwen2's and Qwen3.5's, StarCoder's, Refact's and
+Command-R's (digits one by one), DeepSeek LLM's, DeepSeek Coder's and Falcon's.
 """
 
 import functools
@@ -32,7 +34,21 @@ URL = (
 )
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 MODELS = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
-VOCABS = ["llama-spm", "phi-3", "gpt-2", "llama-bpe"]
+SPM_VOCABS = ["llama-spm", "phi-3"]
+BPE_VOCABS = [  # one per pre-tokenizer kind of gguf_file._PRE_NAMES (mpt: GPT-2's; refact, command-r: StarCoder's)
+    "gpt-2",
+    "llama-bpe",
+    "qwen2",
+    "qwen35",
+    "starcoder",
+    "refact",
+    "command-r",
+    "mpt",
+    "deepseek-llm",
+    "deepseek-coder",
+    "falcon",
+]
+VOCABS = SPM_VOCABS + BPE_VOCABS
 SEPARATOR = "\n__ggml_vocab_test__\n"  # between the inputs of a .inp file (llama.cpp's test-tokenizer-0)
 
 pytestmark = pytest.mark.network
@@ -93,10 +109,10 @@ def test_ids_equal_llama_cpp_test_vectors(vocab_dir, name):
     cases = _cases(vocab_dir, name)
     wrong = [(text, want, got) for text, want in cases if (got := tok.encode(text, add_special_tokens=False)) != want]
     assert not wrong, f"{len(wrong)} of {len(cases)} differ, first: {wrong[0]!r}"
-    if name in ("llama-spm", "phi-3"):  # decoding gives the text back (SentencePiece keeps spaces exactly)
-        for text, want in cases:
-            if text and not text.startswith(" ") and "\ufffd" not in text:
-                assert tok.decode(want) == text
+    # decoding gives the text back: byte-level BPE always, SentencePiece but for the prefix space it adds
+    for text, want in cases:
+        if name in BPE_VOCABS or (text and not text.startswith(" ") and "\ufffd" not in text):
+            assert tok.decode(want) == text
 
 
 def test_negative_controls_differ_from_the_vectors(vocab_dir, monkeypatch):
@@ -107,6 +123,17 @@ def test_negative_controls_differ_from_the_vectors(vocab_dir, monkeypatch):
         return sum(tok.encode(t, add_special_tokens=False) != ids for t, ids in _cases(vocab_dir, name))
 
     assert wrong(_tokenizer(vocab_dir, "llama-spm", **{"tokenizer.ggml.add_space_prefix": False}), "llama-spm") > 5
+    # each BPE vocabulary under another pre-tokenizer than its own: GPT-2's split joins digits that StarCoder's
+    # and DeepSeek's keep apart, Falcon's and StarCoder's split digits that MPT's (GPT-2's) keep together
+    for name, other, at_least in [
+        ("starcoder", "gpt2", 1),
+        ("command-r", "gpt2", 1),
+        ("deepseek-coder", "gpt2", 1),
+        ("deepseek-llm", "gpt2", 1),
+        ("falcon", "gpt2", 5),
+        ("mpt", "starcoder", 5),
+    ]:
+        assert wrong(_tokenizer(vocab_dir, name, **{"tokenizer.ggml.pre": other}), name) >= at_least, (name, other)
     monkeypatch.setattr(gguf_file, "_IGNORE_MERGES", ())
     assert wrong(_tokenizer(vocab_dir, "llama-bpe"), "llama-bpe") >= 1
 
