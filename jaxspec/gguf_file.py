@@ -14,6 +14,8 @@ the model is built by the same family record
   projections for its interleaved RoPE; they are permuted back.
 - ``qwen2`` (q/k/v biases), ``qwen3`` (q/k RMSNorm): not permuted (llama.cpp uses the NeoX RoPE layout there).
 - ``gemma``: llama.cpp stores RMSNorm weights as 1 + w; w is recovered.
+- ``phi3`` (Phi-3 mini/medium 4k, Phi-4): q/k/v and gate/up stay fused, as in Phi-3's own checkpoints; the
+  sliding window from ``phi3.attention.sliding_window`` (0: none); LongRoPE files (128k) are refused.
 
 The tokenizer is rebuilt with the ``tokenizers`` library from the file's vocabulary: ``tokenizer.ggml.model ==
 "gpt2"`` (byte-level BPE) from its merges, with the pre-tokenizer named by ``tokenizer.ggml.pre``; ``"llama"``
@@ -39,7 +41,7 @@ from jaxspec import dtypes, families
 from jaxspec.model import CausalLM
 
 # GGUF architecture -> the Hugging Face model_type whose family builds it
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "phi3": "phi3"}
 _PERMUTED_QK = {"llama"}  # converters that reorder q/k rows for llama.cpp's interleaved RoPE
 
 # per-layer GGUF tensor name -> Hugging Face name (after "model.layers.{i}.")
@@ -59,6 +61,10 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+# per-architecture exceptions to _LAYER_NAMES: Phi-3 keeps q/k/v and gate/up fused, as its checkpoints do
+_ARCH_LAYER_NAMES = {
+    "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -259,6 +265,13 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
     elif rope_freqs is not None:  # Llama 3.1's band rescaling, stored as one divisor per frequency
         config["rope_scaling"] = {"rope_type": "factors", "factors": rope_freqs}
+    if arch == "phi3":
+        if {"rope_factors_long.weight", "rope_factors_short.weight"} & tensor_names:
+            raise GGUFError(
+                f"{path}: LongRoPE (rope_factors_long/short: Phi-3 128k and Phi-3.5 files) is not supported"
+            )
+        window = int(meta.get("phi3.attention.sliding_window") or 0)  # 0: none (llama.cpp's mark for Phi-4)
+        config["sliding_window"] = window or None
     if arch == "qwen2":
         config["attention_bias"] = True
     elif "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_output.bias" in tensor_names:
@@ -291,20 +304,21 @@ class _Tensors:
         for t in reader.tensors:
             if int(t.tensor_type) not in known:
                 raise GGUFError(f"{path}: tensor {t.name!r} has an unknown quantization type {int(t.tensor_type)}")
-            hf = self._hf_name(t.name)
+            hf = self._hf_name(t.name, arch)
             if hf is not None:
                 self.by_hf[hf] = t
 
     @staticmethod
-    def _hf_name(name: str) -> str | None:
+    def _hf_name(name: str, arch: str) -> str | None:
         if name == "rope_freqs.weight":  # read into the config (``_rope_freqs``), not a weight
             return None
         if name in _GLOBAL_NAMES:
             return _GLOBAL_NAMES[name]
         if name.startswith("blk."):
             _, index, rest = name.split(".", 2)
-            if rest in _LAYER_NAMES:
-                return f"model.layers.{index}.{_LAYER_NAMES[rest]}"
+            hf = _ARCH_LAYER_NAMES.get(arch, {}).get(rest) or _LAYER_NAMES.get(rest)
+            if hf is not None:
+                return f"model.layers.{index}.{hf}"
         return f"gguf:{name}"  # an unknown tensor: reported as unused by the loader
 
     def __contains__(self, name: str) -> bool:

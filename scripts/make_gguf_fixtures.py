@@ -7,11 +7,13 @@ Needs a separate venv with torch and transformers (torch is never a jaxspec depe
         numpy tokenizers safetensors
     OMP_NUM_THREADS=1 /tmp/torchvenv/bin/python scripts/make_gguf_fixtures.py            # everything
     OMP_NUM_THREADS=1 /tmp/torchvenv/bin/python scripts/make_gguf_fixtures.py --only synthetic
+    OMP_NUM_THREADS=1 /tmp/torchvenv/bin/python scripts/make_gguf_fixtures.py --only synthetic --fixtures phi3_q4_1
     OMP_NUM_THREADS=1 /tmp/torchvenv/bin/python scripts/make_gguf_fixtures.py --only smollm2 --bench
 
-Synthetic fixtures: a seeded random Llama (or Qwen2) is built in Hugging Face layout, written to GGUF with
-``gguf.GGUFWriter`` the way llama.cpp's converter lays it out (llama.cpp tensor names, q/k rows permuted for
-the ``llama`` architecture only, 1-D tensors in F32, every 2-D tensor in the fixture's type), then loaded back
+Synthetic fixtures: a seeded random Llama (or Qwen2, Qwen3, Phi-3) is built in Hugging Face layout, written to
+GGUF with ``gguf.GGUFWriter`` the way llama.cpp's converter lays it out (llama.cpp tensor names, q/k rows permuted
+for the ``llama`` architecture only, Phi-3's q/k/v and gate/up left fused, 1-D tensors in F32, every 2-D tensor in
+the fixture's type), then loaded back
 with transformers' own GGUF path; its float32 logits for fixed ids are the reference. Files:
 
     <name>.gguf   the model, with a tiny byte-level BPE tokenizer (tokenizer.ggml.model "gpt2") in its metadata
@@ -70,6 +72,9 @@ SMALL = dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2)  # head
 MQA = dict(hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1)  # head_dim 32, MQA
 KQ2 = dict(hidden=256, intermediate=256, layers=2, heads=8, kv_heads=2)  # K-quants: rows % 256 == 0
 KQ1 = dict(KQ2, layers=1)
+# Qwen3: transformers' GGUF path takes Qwen3Config's default head size (128; it reads no attention.key_length),
+# so the fixture has head_dim 128 != hidden / heads, as real Qwen3 models do
+QWEN3 = dict(hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1, head_dim=128)
 
 # name -> (arch, type, size, tied, rope theta, seed); sizes kept small so the directory stays ~6 MB
 FIXTURES = {
@@ -83,6 +88,8 @@ FIXTURES = {
     "llama_q5_k": ("llama", "Q5_K", KQ1, True, 10000.0, 8),
     "llama_q6_k": ("llama", "Q6_K", KQ1, True, 100000.0, 9),
     "qwen2_f16": ("qwen2", "F16", SMALL, True, 1000000.0, 10),
+    "qwen3_q8_0": ("qwen3", "Q8_0", QWEN3, False, 1000000.0, 11),
+    "phi3_q4_1": ("phi3", "Q4_1", SMALL, False, 10000.0, 12),
 }
 FILE_TYPES = {
     "F32": FT.ALL_F32,
@@ -287,9 +294,15 @@ def build_model(arch, size, vocab, tied, theta, seed):
     if arch == "llama":
         cfg = transformers.LlamaConfig(head_dim=size["hidden"] // size["heads"], **common)
         cls = transformers.LlamaForCausalLM
-    else:
+    elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM
+    elif arch == "qwen3":
+        cfg = transformers.Qwen3Config(head_dim=size["head_dim"], **common)
+        cls = transformers.Qwen3ForCausalLM
+    else:  # phi3: no sliding window (transformers' GGUF path reads none), pad id inside the small vocabulary
+        cfg = transformers.Phi3Config(pad_token_id=0, sliding_window=None, **common)
+        cls = transformers.Phi3ForCausalLM
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     gen = torch.Generator().manual_seed(seed + 1000)
@@ -310,6 +323,16 @@ def gguf_tensors(model, arch, permute=True):
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         b = f"blk.{i}."
+        if arch == "phi3":  # llama.cpp keeps Phi-3's fused q/k/v and gate/up tensors as they are
+            out += [
+                (b + "attn_norm.weight", sd[p + "input_layernorm.weight"]),
+                (b + "attn_qkv.weight", sd[p + "self_attn.qkv_proj.weight"]),
+                (b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"]),
+                (b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]),
+                (b + "ffn_up.weight", sd[p + "mlp.gate_up_proj.weight"]),
+                (b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"]),
+            ]
+            continue
         q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
         if arch == "llama" and permute:
             q, k = rope_permute(q, cfg.num_attention_heads), rope_permute(k, cfg.num_key_value_heads)
@@ -322,6 +345,9 @@ def gguf_tensors(model, arch, permute=True):
         out.append((b + "attn_v.weight", sd[p + "self_attn.v_proj.weight"]))
         if arch == "qwen2":
             out.append((b + "attn_v.bias", sd[p + "self_attn.v_proj.bias"]))
+        if arch == "qwen3":
+            out.append((b + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"]))
+            out.append((b + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"]))
         out += [
             (b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"]),
             (b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]),
@@ -351,7 +377,13 @@ def write_gguf(path, name, arch, qtype_name, model, tokens, merges, permute=True
     w.add_rope_freq_base(float(rope_theta(cfg)))
     w.add_layer_norm_rms_eps(EPS)
     w.add_vocab_size(cfg.vocab_size)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if arch == "phi3":
+        w.add_sliding_window(0)  # llama.cpp's converter writes 0 for a model without one
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
@@ -395,7 +427,7 @@ def logits_of(model, tokens):
     return model(input_ids=torch.from_numpy(tokens).long()).logits.float().numpy()
 
 
-def make_synthetic(report):
+def make_synthetic(report, names=None):
     tokens, merges = train_tokenizer()
     vocab = len(tokens)
     print(f"tokenizer: {vocab} tokens, {len(merges)} merges")
@@ -412,7 +444,13 @@ def make_synthetic(report):
         },
         "fixtures": [],
     }
+    if names:  # regenerate only these; the manifest keeps the other fixtures' entries
+        old = json.loads((OUT / "manifest.json").read_text())
+        assert old["tokenizer"] == manifest["tokenizer"], "the tokenizer changed: regenerate every fixture"
+        manifest["fixtures"] = [f for f in old["fixtures"] if f["name"] not in names]
     for name, (arch, qname, size, tied, theta, seed) in FIXTURES.items():
+        if names and name not in names:
+            continue
         model = build_model(arch, size, vocab, tied, theta, seed)
         path = OUT / f"{name}.gguf"
         qerr = write_gguf(path, name, arch, qname, model, tokens, merges)
@@ -457,7 +495,7 @@ def make_synthetic(report):
                 "layers": size["layers"],
                 "heads": size["heads"],
                 "kv_heads": size["kv_heads"],
-                "head_dim": size["hidden"] // size["heads"],
+                "head_dim": size.get("head_dim", size["hidden"] // size["heads"]),
                 "intermediate": size["intermediate"],
                 "vocab": vocab,
                 "tied": tied,
@@ -799,6 +837,7 @@ def make_spm(vocab_path: Path, report):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["synthetic", "smollm2", "spm"], default=None)
+    ap.add_argument("--fixtures", default=None, help="synthetic fixtures to regenerate, comma-separated (default all)")
     ap.add_argument(
         "--spm-vocab",
         default=str(Path.home() / ".cache/jaxspec/test-data/llama-cpp-vocab-0.3.36/ggml-vocab-llama-spm.gguf"),
@@ -811,7 +850,7 @@ def main():
     print(f"torch {torch.__version__}  transformers {transformers.__version__}  gguf {GGUF_VERSION}")
     report = []
     if args.only in (None, "synthetic"):
-        make_synthetic(report)
+        make_synthetic(report, set(args.fixtures.split(",")) if args.fixtures else None)
     if args.only in (None, "smollm2"):
         path = Path(args.smollm2)
         if not path.exists():

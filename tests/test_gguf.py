@@ -376,7 +376,8 @@ def test_sentencepiece_tokenizer_needs_one_score_per_token(tmp_path):
 
 # ------------------------------------------------------------------------------ Llama 3.1 RoPE (rope_freqs)
 
-HF_LLAMA3 = Path(__file__).parent / "fixtures" / "hf" / "llama3_rope_mqa_tied"
+HF_FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+HF_LLAMA3 = HF_FIXTURES / "llama3_rope_mqa_tied"
 
 
 def _llama3_divisors(head_dim, theta, factor, low, high, original):
@@ -395,17 +396,41 @@ def _llama3_divisors(head_dim, theta, factor, low, high, original):
     return np.asarray(divisors, np.float32)
 
 
-def _write_hf_as_gguf(path, with_rope_freqs=True):
-    """The HF fixture (transformers' logits in expected.npz) as llama.cpp's converter writes it: llama.cpp names,
-    q/k weight rows and biases permuted for its interleaved RoPE, 1-D tensors F32, Llama 3.1's scaling as
-    rope_freqs.weight."""
+# Hugging Face per-layer name -> llama.cpp's (after "model.layers.{i}." / "blk.{i}.")
+_GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # Phi-3: fused, kept fused
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+    **{
+        f"self_attn.{proj}_proj.{kind}": f"attn_{short}.{kind}"
+        for proj, short in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output"))
+        for kind in ("weight", "bias")
+    },
+}
+
+
+def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithful=True, extra=None):
+    """An HF fixture (transformers' logits in its expected.npz) as llama.cpp's converter writes it, written here
+    apart from jaxspec: llama.cpp's names, 1-D tensors F32, and per architecture: ``llama``, q/k weight rows and
+    biases permuted for its interleaved RoPE and Llama 3.1's scaling as ``rope_freqs.weight``; ``gemma``, RMSNorm
+    weights stored as 1 + w; ``qwen3`` and ``gemma``, the head size as ``attention.key_length``; ``phi3``, q/k/v and
+    gate/up fused as in the checkpoint and ``attention.sliding_window``. ``faithful=False`` leaves out the step of
+    each architecture its negative control needs: Llama's rope_freqs, Gemma's 1 + w, Phi-3's window; for Qwen3
+    it permutes the q/k rows as for Llama. ``extra``: more tensors, name -> a value for every RoPE frequency."""
     from safetensors.numpy import load_file
 
-    cfg = json.loads((HF_LLAMA3 / "config.json").read_text())
+    src = HF_FIXTURES / fixture
+    cfg = json.loads((src / "config.json").read_text())
     rope = cfg["rope_parameters"]
     heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
-    head_dim = cfg["head_dim"]
-    w = gguf.GGUFWriter(str(path), "llama")
+    head_dim = cfg.get("head_dim") or hidden // heads
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(hidden)
@@ -413,35 +438,37 @@ def _write_hf_as_gguf(path, with_rope_freqs=True):
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_rope_dimension_count(head_dim)
+    if arch in ("qwen3", "gemma"):
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if arch == "phi3":
+        w.add_sliding_window((cfg.get("sliding_window") or 0) if faithful else 0)
     w.add_rope_freq_base(rope["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_uint32("llama.vocab_size", cfg["vocab_size"])
+    w.add_uint32(f"{arch}.vocab_size", cfg["vocab_size"])
 
     def permute(x, n):
         return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
-    names = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-    }
-    for proj, short in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output")):
-        for kind in ("weight", "bias"):
-            names[f"self_attn.{proj}_proj.{kind}"] = f"attn_{short}.{kind}"
-    for name, x in load_file(HF_LLAMA3 / "model.safetensors").items():
+    for name, x in load_file(src / "model.safetensors").items():
         x = np.asarray(x, np.float32)
+        if arch == "gemma" and name.endswith("norm.weight") and faithful:
+            x = x + 1.0
         if name == "model.embed_tokens.weight":
             w.add_tensor("token_embd.weight", x)
         elif name == "model.norm.weight":
             w.add_tensor("output_norm.weight", x)
+        elif name == "lm_head.weight":
+            w.add_tensor("output.weight", x)
         else:
             _, _, layer, rest = name.split(".", 3)
-            if rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
+            permuted = arch == "llama" or (arch == "qwen3" and not faithful)
+            if permuted and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
                 x = permute(x, heads if ".q_proj" in rest else kv)
-            w.add_tensor(f"blk.{layer}.{names[rest]}", x)
-    if with_rope_freqs:
+            w.add_tensor(f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}", x)
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, np.full(head_dim // 2, value, np.float32))
+    if arch == "llama" and faithful:
         w.add_tensor(
             "rope_freqs.weight",
             _llama3_divisors(
@@ -470,10 +497,37 @@ def test_llama31_rope_freqs_and_qk_biases_match_transformers(tmp_path):
     assert model.config.rope_type == "factors"  # and rope_freqs.weight is not left over as an unused tensor
     logits = np.asarray(model.logits(data["ids"]))
     np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
-    plain = jaxspec.load(_write_hf_as_gguf(tmp_path / "plain.gguf", with_rope_freqs=False), tokenizer=False)
+    plain = jaxspec.load(_write_hf_as_gguf(tmp_path / "plain.gguf", faithful=False), tokenizer=False)
     assert plain.config.rope_type == "default"
     assert np.abs(np.asarray(plain.logits(data["ids"])) - data["logits"]).max() > 1e-2
     with pytest.raises(ValueError, match="no Hugging Face config equivalent"):
         jaxspec.export_hf(model, tmp_path / "hf")
     jaxspec.save(model, tmp_path / "ckpt")  # the divisors survive a checkpoint (JSON lists back to a tuple)
     assert jaxspec.load(tmp_path / "ckpt").config == model.config
+
+
+@pytest.mark.parametrize(
+    "fixture, arch, expect",
+    [
+        ("qwen3_qknorm", "qwen3", dict(qk_norm=True, head_dim=16, num_kv_heads=1)),
+        ("gemma_gqa_tied", "gemma", dict(norm_offset=1.0, embed_scale=True, head_dim=16)),
+        ("phi3_fused_swa", "phi3", dict(sliding_window=16, tie_embeddings=False)),
+    ],
+)
+def test_qwen3_gemma_and_phi3_gguf_layouts_match_transformers(tmp_path, fixture, arch, expect):
+    """The transformers-parity HF fixtures of Qwen3 (q/k norm, head size 16 ≠ hidden / heads), Gemma (norms stored
+    as 1 + w, scaled embeddings) and Phi-3 (fused q/k/v and gate/up, a 16-token sliding window), written as
+    llama.cpp's converter lays them out, give transformers' logits over 56 positions. Negative controls: Gemma's
+    norms read as stored, and Phi-3 without its window, do not; a Phi-3 LongRoPE file is refused."""
+    data = np.load(HF_FIXTURES / fixture / "expected.npz")
+    model = jaxspec.load(_write_hf_as_gguf(tmp_path / f"{arch}.gguf", fixture, arch), tokenizer=False)
+    assert {k: getattr(model.config, k) for k in expect} == expect
+    logits = np.asarray(model.logits(data["ids"]))
+    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
+    wrong = jaxspec.load(_write_hf_as_gguf(tmp_path / "wrong.gguf", fixture, arch, faithful=False), tokenizer=False)
+    assert np.abs(np.asarray(wrong.logits(data["ids"])) - data["logits"]).max() > 1e-2
+    if arch == "phi3":
+        assert wrong.config.sliding_window is None
+        path = _write_hf_as_gguf(tmp_path / "long.gguf", fixture, arch, extra={"rope_factors_long.weight": 1.0})
+        with pytest.raises(gguf_file.GGUFError, match="LongRoPE"):
+            jaxspec.load(path, tokenizer=False)
