@@ -6,9 +6,9 @@ Only the file's metadata and tensor data are read: the header, metadata and tens
 reader of the format over a memory map of the file, giving what the ``gguf`` package's ``GGUFReader`` gives, tested
 against it, 25-30× faster on large vocabularies); every tensor is dequantized by ``gguf.quants.dequantize`` (every
 type that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K–Q6_K, IQ*, …) to float32 and cast to the
-requested dtype. The metadata becomes a Hugging Face style config and the tensors get their Hugging Face names, so
-the model is built by the same family record
-(``jaxspec.families``) as ``jaxspec.hf.load``:
+requested dtype. A model split into shards (``<name>-00001-of-00003.gguf``, ...: llama.cpp's ``gguf-split``)
+loads from any of its files. The metadata becomes a Hugging Face style config and the tensors get their Hugging
+Face names, so the model is built by the same family record (``jaxspec.families``) as ``jaxspec.hf.load``:
 
 - ``llama`` (Llama, Mistral and SmolLM conversions): llama.cpp's converter permutes the rows of the q and k
   projections for its interleaved RoPE; they are permuted back.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ class GGUFContents:
         import gguf
 
         self.path = path
+        self.shards = [path]  # every file of a split model (``_reader``)
         self.file = np.memmap(path, dtype=np.uint8, mode="r")
         buf = memoryview(self.file)
         self._buf, self._pos = buf, 4
@@ -185,7 +187,46 @@ class GGUFContents:
         raise ValueError(f"unknown metadata value type {kind}")
 
 
+_SHARD = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
 def _reader(path: Path) -> GGUFContents:
+    """The file's contents; a model split into shards (llama.cpp's ``gguf-split``: ``<prefix>-00001-of-00003.gguf``
+    ..., metadata ``split.no``/``split.count``/``split.tensors.count``), given by any of its shards, as one: the
+    first shard's metadata and every shard's tensors, each shard checked to belong to the set."""
+    contents = _read_one(path)
+    count = int(contents.fields.get("split.count") or 1)
+    if count <= 1:
+        return contents
+    match = _SHARD.match(path.name)
+    if match is None or int(match["count"]) != count:
+        raise GGUFError(
+            f"{path} is shard {contents.fields.get('split.no', 0) + 1} of {count}, but its name does not follow "
+            "'<prefix>-00001-of-000NN.gguf', so the other shards cannot be found"
+        )
+    shards = [path.with_name(f"{match['prefix']}-{i + 1:05d}-of-{count:05d}.gguf") for i in range(count)]
+    missing = [s.name for s in shards if not s.is_file()]
+    if missing:
+        raise GGUFError(f"{path}: the model is split into {count} files and {', '.join(missing)} is missing")
+    first = contents if shards[0] == path else _read_one(shards[0])
+    tensors = []
+    for i, shard in enumerate(shards):
+        part = first if i == 0 else (contents if shard == path else _read_one(shard))
+        if part.fields.get("split.no", -1) != i or int(part.fields.get("split.count") or 1) != count:
+            raise GGUFError(
+                f"{shard}: split.no {part.fields.get('split.no')} / split.count {part.fields.get('split.count')}; "
+                f"expected shard {i} of {count}"
+            )
+        tensors += part.tensors
+    expected = first.fields.get("split.tensors.count")
+    if expected is not None and int(expected) != len(tensors):
+        raise GGUFError(f"{path}: the {count} shards hold {len(tensors)} tensors; split.tensors.count is {expected}")
+    first.tensors = tensors
+    first.shards = shards
+    return first
+
+
+def _read_one(path: Path) -> GGUFContents:
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     with open(path, "rb") as f:
@@ -611,5 +652,5 @@ def load(
         families.loaded_params(family, params),
         tokenizer=tokenizer,
         eos_token_id=None if eos is None else int(eos),
-        name=name or path.stem,
+        name=name or (m["prefix"] if (m := _SHARD.match(path.name)) else path.stem),
     )

@@ -415,14 +415,16 @@ _GGUF_LAYER_NAMES = {
 }
 
 
-def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithful=True, extra=None):
+def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithful=True, extra=None, split=0):
     """An HF fixture (transformers' logits in its expected.npz) as llama.cpp's converter writes it, written here
     apart from jaxspec: llama.cpp's names, 1-D tensors F32, and per architecture: ``llama``, q/k weight rows and
     biases permuted for its interleaved RoPE and Llama 3.1's scaling as ``rope_freqs.weight``; ``gemma``, RMSNorm
     weights stored as 1 + w; ``qwen3`` and ``gemma``, the head size as ``attention.key_length``; ``phi3``, q/k/v and
     gate/up fused as in the checkpoint and ``attention.sliding_window``. ``faithful=False`` leaves out the step of
     each architecture its negative control needs: Llama's rope_freqs, Gemma's 1 + w, Phi-3's window; for Qwen3
-    it permutes the q/k rows as for Llama. ``extra``: more tensors, name -> a value for every RoPE frequency."""
+    it permutes the q/k rows as for Llama. ``extra``: more tensors, name -> a value for every RoPE frequency.
+    ``split``: at most this many tensors per file, written as gguf-py's writer splits a model (as llama.cpp's
+    gguf-split does: <stem>-00001-of-0000N.gguf, ...); the shards' paths are returned."""
     from safetensors.numpy import load_file
 
     src = HF_FIXTURES / fixture
@@ -430,7 +432,7 @@ def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithf
     rope = cfg["rope_parameters"]
     heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
     head_dim = cfg.get("head_dim") or hidden // heads
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split)
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(hidden)
@@ -484,7 +486,7 @@ def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithf
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf")) if split else path
 
 
 def test_llama31_rope_freqs_and_qk_biases_match_transformers(tmp_path):
@@ -531,3 +533,32 @@ def test_qwen3_gemma_and_phi3_gguf_layouts_match_transformers(tmp_path, fixture,
         path = _write_hf_as_gguf(tmp_path / "long.gguf", fixture, arch, extra={"rope_factors_long.weight": 1.0})
         with pytest.raises(gguf_file.GGUFError, match="LongRoPE"):
             jaxspec.load(path, tokenizer=False)
+
+
+def test_a_model_split_into_shards_loads_from_any_shard(tmp_path):
+    """A model split into three files (gguf-py's writer, as llama.cpp's gguf-split names and marks them) loads
+    from its first or any other shard and gives the unsplit file's logits (transformers'); a missing shard, or
+    shards of another split, are clear errors."""
+    data = np.load(HF_LLAMA3 / "expected.npz")
+    (tmp_path / "split").mkdir()
+    shards = _write_hf_as_gguf(tmp_path / "split" / "l3.gguf", split=10)
+    assert [p.name for p in shards] == [f"l3-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    whole = gguf_file._reader(shards[1])
+    assert whole.shards == shards and len(whole.tensors) == 29  # 2 layers x 13 + embedding, norm, rope_freqs
+    for shard in (shards[0], shards[2]):
+        model = jaxspec.load(shard, tokenizer=False)
+        assert model.name == "l3"
+        logits = np.asarray(model.logits(data["ids"]))
+        np.testing.assert_allclose(
+            logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4
+        )
+    renamed = tmp_path / "split" / "copy-00001-of-00002.gguf"
+    shutil.copy(shards[0], renamed)
+    with pytest.raises(gguf_file.GGUFError, match="does not follow"):
+        gguf_file._reader(renamed)
+    shards[1].rename(tmp_path / "elsewhere.gguf")
+    with pytest.raises(gguf_file.GGUFError, match="l3-00002-of-00003.gguf is missing"):
+        jaxspec.load(shards[0], tokenizer=False)
+    shutil.copy(shards[2], shards[1])  # a shard in another's place
+    with pytest.raises(gguf_file.GGUFError, match="expected shard 1 of 3"):
+        jaxspec.load(shards[0], tokenizer=False)
