@@ -10,10 +10,13 @@ is imported or run.
 Families checked: SentencePiece vocabularies (``tokenizer.ggml.model`` llama: Llama 2's, Phi-3's) and byte-level
 BPE ones, one per pre-tokenizer jaxspec builds (``tokenizer.ggml.pre``): GPT-2's and MPT's (GPT-2's split), Llama 3's
 (whose pre-tokens that are tokens whole skip the merges), Qwen2's and Qwen3.5's, StarCoder's, Refact's and
-Command-R's (digits one by one), DeepSeek LLM's, DeepSeek Coder's and Falcon's.
+Command-R's (digits one by one), DeepSeek LLM's, DeepSeek Coder's and Falcon's. The same files also tokenize 343
+more strings as llama.cpp's tokenizer itself does (ids in ``fixtures/gguf/llama_cpp_tokenization.json.gz``, from
+``scripts/make_llama_cpp_fixtures.py`` in a venv with llama-cpp-python built from the same archive).
 """
 
 import functools
+import gzip
 import hashlib
 import json
 import os
@@ -136,6 +139,46 @@ def test_negative_controls_differ_from_the_vectors(vocab_dir, monkeypatch):
         assert wrong(_tokenizer(vocab_dir, name, **{"tokenizer.ggml.pre": other}), name) >= at_least, (name, other)
     monkeypatch.setattr(gguf_file, "_IGNORE_MERGES", ())
     assert wrong(_tokenizer(vocab_dir, "llama-bpe"), "llama-bpe") >= 1
+
+
+@functools.cache
+def _llama_cpp_ids() -> dict:
+    with gzip.open(Path(__file__).parent / "fixtures" / "gguf" / "llama_cpp_tokenization.json.gz", "rt") as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_ids_equal_llama_cpp_itself_on_a_few_hundred_strings(vocab_dir, name):
+    """llama.cpp's tokenizer itself (``scripts/make_llama_cpp_fixtures.py``: llama-cpp-python built from the same
+    pinned archive, special tokens parsed) on 343 strings: code, numbers, whitespace runs, special tokens, chat
+    text, eleven scripts. Every id equal, for every vocabulary."""
+    data = _llama_cpp_ids()
+    tok = _tokenizer(vocab_dir, name)
+    texts, ids = data["texts"], data["ids"][name]
+    assert len(texts) == len(ids) > 300
+    wrong = [(t, want) for t, want in zip(texts, ids) if tok.encode(t, add_special_tokens=False) != want]
+    assert not wrong, f"{len(wrong)} of {len(texts)} differ, first: {wrong[0]!r}"
+
+
+@pytest.mark.parametrize(
+    "name, other, at_least",
+    [
+        ("deepseek-coder", "deepseek-llm", 10),
+        ("deepseek-llm", "deepseek-coder", 10),
+        ("deepseek-llm", "llama3", 5),
+        ("starcoder", "gpt2", 5),
+        ("falcon", "gpt2", 20),
+        ("mpt", "starcoder", 20),
+        ("llama-bpe", "qwen2", 20),
+        ("qwen35", "qwen2", 1),  # they differ on combining marks only (Hindi, Thai)
+    ],
+)
+def test_another_pre_tokenizer_differs_from_llama_cpp_on_those_strings(vocab_dir, name, other, at_least):
+    """Negative controls for the test above: each vocabulary under the pre-tokenizer nearest to its own."""
+    data = _llama_cpp_ids()
+    tok = _tokenizer(vocab_dir, name, **{"tokenizer.ggml.pre": other})
+    wrong = sum(tok.encode(t, add_special_tokens=False) != ids for t, ids in zip(data["texts"], data["ids"][name]))
+    assert wrong >= at_least
 
 
 @pytest.mark.parametrize("name", ["llama-spm", "gpt-2"])
