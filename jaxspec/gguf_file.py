@@ -418,6 +418,20 @@ _DEEPSEEK_LLM_LETTERS = (  # the letters DeepSeek LLM's tokenizer keeps together
     "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2"
     "\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943"
 )
+# case-aware words (an upper-case run then lower case), as tiktoken's o200k and Mistral's Tekken split them
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_TEKKEN_SPLIT = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*|\p{{N}}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_SPLIT = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SEED_CODER_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"
+_BLOOM_SPLIT = (
+    " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"  # words up to a space or . , ! ? … 。 ， 、 । ۔ ،
+)
 _STARCODER = (r"\p{N}", _GPT2_SPLIT)  # digits one by one, then GPT-2's split
 _PRE_TOKENIZERS = {
     "gpt2": (_GPT2_SPLIT,),
@@ -435,6 +449,11 @@ _PRE_TOKENIZERS = {
     ),
     "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT, "[0-9][0-9][0-9]"),
+    "tekken": (_TEKKEN_SPLIT,),
+    "gpt-4o": (_GPT4O_SPLIT,),
+    "seed-coder": (_SEED_CODER_SPLIT,),
+    "bloom": (_BLOOM_SPLIT,),
+    "viking": (_BLOOM_SPLIT, r"\p{N}"),
 }
 # llama.cpp's names for each (tokenizer.ggml.pre); the names in one entry share its splits exactly
 _PRE_NAMES = {
@@ -446,11 +465,16 @@ _PRE_NAMES = {
     "deepseek-llm": ("deepseek-llm",),
     "deepseek-coder": ("deepseek-coder",),
     "falcon": ("falcon",),
+    "tekken": ("tekken",),  # Mistral NeMo, Ministral, Mistral Small 3, Pixtral 12B
+    "gpt-4o": ("gpt-4o", "llama4"),
+    "seed-coder": ("seed-coder",),
+    "bloom": ("bloom", "poro-chat", "gpt3-finnish"),
+    "viking": ("viking",),
 }
 _PRE_KIND = {name: kind for kind, names in _PRE_NAMES.items() for name in names}
 # pre-tokenizers whose pre-token that is a token whole is taken before any merge (llama.cpp's ignore_merges):
 # Llama 3's ' Việt' is one token there, not ' Vi' 'ệ' 't'
-_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral")
+_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "tekken")
 
 
 def _pre_tokenizer(pre: str | None, path: Path):

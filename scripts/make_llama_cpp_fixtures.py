@@ -24,6 +24,8 @@ import argparse
 import gzip
 import json
 import os
+import struct
+import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -47,6 +49,9 @@ VOCABS = [
     "deepseek-coder",
     "falcon",
 ]
+# pre-tokenizers without a vocabulary file of their own among llama.cpp's: a vocabulary under another
+# tokenizer.ggml.pre ("<vocabulary>@<pre>"), which llama.cpp's tokenizer takes as it takes any file's
+RENAMED = ["llama-bpe@tekken", "llama-bpe@gpt-4o", "llama-bpe@seed-coder", "gpt-2@bloom", "gpt-2@viking"]
 # scripts, marks and classes the pre-tokenizers treat differently (DeepSeek LLM's letter ranges, CJK runs,
 # Qwen3.5's combining marks, full-width forms, CR/LF)
 MULTILINGUAL = [
@@ -78,6 +83,21 @@ MULTILINGUAL = [
 ]
 
 
+def with_pre(src: Path, pre: str, out: Path) -> Path:
+    """A copy of the vocabulary-only file ``src`` whose ``tokenizer.ggml.pre`` is ``pre`` (the header rewritten;
+    such files hold no tensors, so nothing after the metadata moves)."""
+    data = src.read_bytes()
+    assert struct.unpack_from("<Q", data, 8)[0] == 0, f"{src} holds tensors"
+    key = b"tokenizer.ggml.pre"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    kind, n = struct.unpack_from("<IQ", data, at)
+    assert kind == 8, "tokenizer.ggml.pre is not a string"
+    value = pre.encode()
+    start = at + 12
+    out.write_bytes(data[:at] + struct.pack("<IQ", 8, len(value)) + value + data[start + n :])
+    return out
+
+
 def main() -> None:
     cache = Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,11 +105,15 @@ def main() -> None:
     args = ap.parse_args()
     texts = [c["text"] for c in json.loads(STRINGS.read_text())["strings"]] + MULTILINGUAL
     ids = {}
-    for name in VOCABS:
-        path = Path(args.vocab_dir) / f"ggml-vocab-{name}.gguf"
+    tmp = Path(tempfile.mkdtemp())
+    for name in VOCABS + RENAMED:
+        vocab, _, pre = name.partition("@")
+        path = Path(args.vocab_dir) / f"ggml-vocab-{vocab}.gguf"
+        if pre:
+            path = with_pre(path, pre, tmp / f"{vocab}-{pre}.gguf")
         llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
         ids[name] = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in texts]
-        print(f"{name:15s} {sum(map(len, ids[name])):6d} tokens")
+        print(f"{name:20s} {sum(map(len, ids[name])):6d} tokens")
     data = {
         "source": f"llama-cpp-python {version('llama-cpp-python')}: Llama.tokenize(add_bos=False, special=True)",
         "texts": texts,
@@ -97,7 +121,8 @@ def main() -> None:
     }
     with gzip.open(OUT, "wt", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, separators=(",", ":"))
-    print(f"{OUT.relative_to(ROOT)}: {len(texts)} strings x {len(VOCABS)} vocabularies, {OUT.stat().st_size} bytes")
+    n = len(VOCABS) + len(RENAMED)
+    print(f"{OUT.relative_to(ROOT)}: {len(texts)} strings x {n} vocabularies, {OUT.stat().st_size} bytes")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ is imported or run.
 Families checked: SentencePiece vocabularies (``tokenizer.ggml.model`` llama: Llama 2's, Phi-3's) and byte-level
 BPE ones, one per pre-tokenizer jaxspec builds (``tokenizer.ggml.pre``): GPT-2's and MPT's (GPT-2's split), Llama 3's
 (whose pre-tokens that are tokens whole skip the merges), Qwen2's and Qwen3.5's, StarCoder's, Refact's and
-Command-R's (digits one by one), DeepSeek LLM's, DeepSeek Coder's and Falcon's. The same files also tokenize 343
-more strings as llama.cpp's tokenizer itself does (ids in ``fixtures/gguf/llama_cpp_tokenization.json.gz``, from
+Command-R's (digits one by one), DeepSeek LLM's, DeepSeek Coder's and Falcon's. The same files (and Llama 3's and
+GPT-2's under the Tekken, GPT-4o, Seed-Coder, BLOOM and Viking pre-tokenizers) also tokenize 343 more strings as
+llama.cpp's tokenizer itself does (ids in ``fixtures/gguf/llama_cpp_tokenization.json.gz``, from
 ``scripts/make_llama_cpp_fixtures.py`` in a venv with llama-cpp-python built from the same archive).
 """
 
@@ -52,6 +53,8 @@ BPE_VOCABS = [  # one per pre-tokenizer kind of gguf_file._PRE_NAMES (mpt: GPT-2
     "falcon",
 ]
 VOCABS = SPM_VOCABS + BPE_VOCABS
+# pre-tokenizers without a vocabulary file of their own: "<vocabulary>@<tokenizer.ggml.pre>"
+RENAMED = ["llama-bpe@tekken", "llama-bpe@gpt-4o", "llama-bpe@seed-coder", "gpt-2@bloom", "gpt-2@viking"]
 SEPARATOR = "\n__ggml_vocab_test__\n"  # between the inputs of a .inp file (llama.cpp's test-tokenizer-0)
 
 pytestmark = pytest.mark.network
@@ -102,6 +105,9 @@ def _metadata(path: Path) -> dict:
 
 
 def _tokenizer(vocab_dir: Path, name: str, **override):
+    name, _, pre = name.partition("@")
+    if pre:
+        override = {"tokenizer.ggml.pre": pre, **override}
     path = vocab_dir / f"ggml-vocab-{name}.gguf"
     return gguf_file.build_tokenizer({**_metadata(path), **override}, path)
 
@@ -147,11 +153,13 @@ def _llama_cpp_ids() -> dict:
         return json.load(f)
 
 
-@pytest.mark.parametrize("name", VOCABS)
+@pytest.mark.parametrize("name", VOCABS + RENAMED)
 def test_ids_equal_llama_cpp_itself_on_a_few_hundred_strings(vocab_dir, name):
     """llama.cpp's tokenizer itself (``scripts/make_llama_cpp_fixtures.py``: llama-cpp-python built from the same
     pinned archive, special tokens parsed) on 343 strings: code, numbers, whitespace runs, special tokens, chat
-    text, eleven scripts. Every id equal, for every vocabulary."""
+    text, eleven scripts. Every id equal, for every vocabulary, and for the pre-tokenizers llama.cpp has no
+    vocabulary file of (Tekken, GPT-4o, Seed-Coder, BLOOM, Viking) on another family's vocabulary under that
+    ``tokenizer.ggml.pre`` (the fixture script rewrote the files' headers so)."""
     data = _llama_cpp_ids()
     tok = _tokenizer(vocab_dir, name)
     texts, ids = data["texts"], data["ids"][name]
@@ -171,12 +179,18 @@ def test_ids_equal_llama_cpp_itself_on_a_few_hundred_strings(vocab_dir, name):
         ("mpt", "starcoder", 20),
         ("llama-bpe", "qwen2", 20),
         ("qwen35", "qwen2", 1),  # they differ on combining marks only (Hindi, Thai)
+        ("llama-bpe@tekken", "llama3", 20),
+        ("llama-bpe@gpt-4o", "llama3", 5),
+        ("llama-bpe@gpt-4o", "tekken", 20),
+        ("llama-bpe@seed-coder", "qwen2", 20),
+        ("gpt-2@viking", "bloom", 20),
+        ("gpt-2@bloom", "gpt2", 20),
     ],
 )
 def test_another_pre_tokenizer_differs_from_llama_cpp_on_those_strings(vocab_dir, name, other, at_least):
     """Negative controls for the test above: each vocabulary under the pre-tokenizer nearest to its own."""
     data = _llama_cpp_ids()
-    tok = _tokenizer(vocab_dir, name, **{"tokenizer.ggml.pre": other})
+    tok = _tokenizer(vocab_dir, name.partition("@")[0], **{"tokenizer.ggml.pre": other})
     wrong = sum(tok.encode(t, add_special_tokens=False) != ids for t, ids in zip(data["texts"], data["ids"][name]))
     assert wrong >= at_least
 
