@@ -277,10 +277,16 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
     if not vocab:
         raise GGUFError(f"{path}: metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    head_dim = meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count")
-    if head_dim is not None and int(head_dim) * heads != hidden and arch not in ("qwen3", "gemma"):
+    # the head size: attention.key_length where the converter wrote one (Mistral NeMo, Qwen3, Gemma: not hidden /
+    # heads), else hidden / heads; RoPE must rotate all of it
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    value_dim = int(meta.get(f"{arch}.attention.value_length") or head_dim)
+    rope_dims = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
+    if value_dim != head_dim:
+        raise GGUFError(f"{path}: attention.value_length {value_dim} != key_length {head_dim} is not supported")
+    if rope_dims != head_dim:
         raise GGUFError(
-            f"{path}: rope.dimension_count {head_dim} != embedding_length / head_count (partial RoPE is not supported)"
+            f"{path}: rope.dimension_count {rope_dims} != the head size {head_dim} (partial RoPE is not supported)"
         )
     config = {
         "model_type": ARCHITECTURES[arch],
@@ -290,7 +296,7 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
         "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv),
-        "head_dim": int(head_dim) if head_dim else None,
+        "head_dim": head_dim,
         "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),

@@ -415,14 +415,17 @@ _GGUF_LAYER_NAMES = {
 }
 
 
-def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithful=True, extra=None, split=0):
+def _write_hf_as_gguf(
+    path, fixture="llama3_rope_mqa_tied", arch="llama", faithful=True, extra=None, split=0, meta=None
+):
     """An HF fixture (transformers' logits in its expected.npz) as llama.cpp's converter writes it, written here
     apart from jaxspec: llama.cpp's names, 1-D tensors F32, and per architecture: ``llama``, q/k weight rows and
     biases permuted for its interleaved RoPE and Llama 3.1's scaling as ``rope_freqs.weight``; ``gemma``, RMSNorm
-    weights stored as 1 + w; ``qwen3`` and ``gemma``, the head size as ``attention.key_length``; ``phi3``, q/k/v and
+    weights stored as 1 + w; the head size as ``attention.key_length`` where the config states one; ``phi3``, q/k/v and
     gate/up fused as in the checkpoint and ``attention.sliding_window``. ``faithful=False`` leaves out the step of
     each architecture its negative control needs: Llama's rope_freqs, Gemma's 1 + w, Phi-3's window; for Qwen3
     it permutes the q/k rows as for Llama. ``extra``: more tensors, name -> a value for every RoPE frequency.
+    ``meta``: metadata keys -> uint32 values that replace the helper's (None: the key left out).
     ``split``: at most this many tensors per file, written as gguf-py's writer splits a model (as llama.cpp's
     gguf-split does: <stem>-00001-of-0000N.gguf, ...); the shards' paths are returned."""
     from safetensors.numpy import load_file
@@ -440,7 +443,7 @@ def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithf
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_rope_dimension_count(head_dim)
-    if arch in ("qwen3", "gemma"):
+    if cfg.get("head_dim"):  # as llama.cpp's converter: wherever the config states the head size
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if arch == "phi3":
@@ -448,6 +451,10 @@ def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithf
     w.add_rope_freq_base(rope["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_uint32(f"{arch}.vocab_size", cfg["vocab_size"])
+    for key, value in (meta or {}).items():
+        w.kv_data[0].pop(key, None)
+        if value is not None:
+            w.add_uint32(key, value)
 
     def permute(x, n):
         return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
@@ -470,7 +477,7 @@ def _write_hf_as_gguf(path, fixture="llama3_rope_mqa_tied", arch="llama", faithf
             w.add_tensor(f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}", x)
     for name, value in (extra or {}).items():
         w.add_tensor(name, np.full(head_dim // 2, value, np.float32))
-    if arch == "llama" and faithful:
+    if rope.get("rope_type") == "llama3" and faithful:
         w.add_tensor(
             "rope_freqs.weight",
             _llama3_divisors(
@@ -562,3 +569,26 @@ def test_a_model_split_into_shards_loads_from_any_shard(tmp_path):
     shutil.copy(shards[2], shards[1])  # a shard in another's place
     with pytest.raises(gguf_file.GGUFError, match="expected shard 1 of 3"):
         jaxspec.load(shards[0], tokenizer=False)
+
+
+def test_a_llama_gguf_whose_head_size_is_not_hidden_over_heads_loads(tmp_path):
+    """Mistral NeMo's layout (head size 128, hidden 5120 / 32 heads = 160), as the Mistral HF fixture (head size 16,
+    hidden 32 / 4 heads) written with llama.cpp's ``llama`` architecture and ``attention.key_length``: transformers'
+    logits over the first 16 positions (llama.cpp runs Mistral without its sliding window, and so does a GGUF
+    load: the fixture's window is 16). Without key_length, or with RoPE over part of the head, a clear error."""
+    data = np.load(HF_FIXTURES / "mistral_swa" / "expected.npz")
+    model = jaxspec.load(_write_hf_as_gguf(tmp_path / "m.gguf", "mistral_swa"), tokenizer=False)
+    assert model.config.head_dim == 16 and model.config.sliding_window is None
+    logits = np.asarray(model.logits(data["ids"][:, :16]))
+    want = data["logits"][:, :16]
+    np.testing.assert_allclose(logits, want, atol=2e-4 * max(1.0, np.abs(want).max()), rtol=1e-4)
+    unset = {"llama.attention.key_length": None, "llama.attention.value_length": None}
+    no_key = _write_hf_as_gguf(tmp_path / "nokey.gguf", "mistral_swa", meta=unset)
+    with pytest.raises(gguf_file.GGUFError, match="rope.dimension_count 16 != the head size 8"):
+        jaxspec.load(no_key, tokenizer=False)
+    partial = _write_hf_as_gguf(tmp_path / "partial.gguf", "mistral_swa", meta={"llama.rope.dimension_count": 12})
+    with pytest.raises(gguf_file.GGUFError, match="partial RoPE is not supported"):
+        jaxspec.load(partial, tokenizer=False)
+    mla = _write_hf_as_gguf(tmp_path / "mla.gguf", "mistral_swa", meta={"llama.attention.value_length": 8})
+    with pytest.raises(gguf_file.GGUFError, match="value_length 8 != key_length 16"):
+        jaxspec.load(mla, tokenizer=False)
