@@ -629,6 +629,38 @@ def build_tokenizer(meta: dict, path: Path):
 # ----------------------------------------------------------------------------------------------- loading
 
 
+# tokens that end a chat turn or a text, by their text, whatever id a vocabulary gives them (the subset of llama.cpp's
+# end-of-generation list for the families jaxspec loads: Llama 3, ChatML, Phi-3, Gemma, DeepSeek, CodeLlama, ...)
+_END_TOKENS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "\uff5cend\u2581of\u2581sentence\uff5c".join("<>"),
+)
+
+
+def end_of_generation_ids(meta: dict) -> tuple[int, ...]:
+    """The ids that end a row, as llama.cpp decides them: ``tokenizer.ggml.eos_token_id`` first, then the
+    ``eot_token_id`` / ``eom_token_id`` the file names, then every token whose text is a known end-of-turn marker
+    (``<|im_end|>``, ``<|eot_id|>``, ``<|end|>``, ``<end_of_turn>``, ...). A chat model's turn often ends in a token
+    other than its EOS (Phi-3: ``<|end|>`` with EOS ``<|endoftext|>``; Gemma: ``<end_of_turn>`` with ``<eos>``), so
+    its replies stop where its chat template ends them."""
+    ids = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and int(value) >= 0 and int(value) not in ids:
+            ids.append(int(value))
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    wanted = set(_END_TOKENS)
+    ids += [i for i, tok in enumerate(tokens) if tok in wanted and i not in ids]
+    return tuple(ids)
+
+
 def read_config(path: str | os.PathLike) -> dict:
     """The Hugging Face style config the file's metadata describes (no tensor is dequantized)."""
     path = Path(path)
@@ -676,11 +708,11 @@ def load(
         tokenizer = build_tokenizer(meta, path)
     elif tokenizer is False:
         tokenizer = None
-    eos = meta.get("tokenizer.ggml.eos_token_id")
+    eos = end_of_generation_ids(meta)
     return family.from_params(
         cfg,
         families.loaded_params(family, params),
         tokenizer=tokenizer,
-        eos_token_id=None if eos is None else int(eos),
+        eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
         name=name or (m["prefix"] if (m := _SHARD.match(path.name)) else path.stem),
     )

@@ -6,8 +6,9 @@ DeepSeek LLM's give the same ids on all of them). This fixture runs llama.cpp's 
 ``llama-cpp-python`` bindings built from the same pinned source archive, on the strings of
 ``smollm2_tokenization.json`` (code, numbers, whitespace runs, special tokens, chat text) plus the multilingual
 strings below, with ``parse_special=True`` (special tokens in the text become their ids, as transformers' and
-jaxspec's tokenizers do). It needs a separate venv (llama.cpp is compiled there, a few minutes on 2 cores, and is
-never a jaxspec dependency):
+jaxspec's tokenizers do); and, per vocabulary, the ids llama.cpp ends generation on (``llama_vocab_is_eog``).
+It needs a separate venv (llama.cpp is compiled there, a few minutes on 2 cores, and is never a jaxspec
+dependency):
 
     python3.11 -m venv /tmp/lcppvenv
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \\
@@ -104,7 +105,7 @@ def main() -> None:
     ap.add_argument("--vocab-dir", default=str(cache / "test-data" / "llama-cpp-vocab-0.3.36"))
     args = ap.parse_args()
     texts = [c["text"] for c in json.loads(STRINGS.read_text())["strings"]] + MULTILINGUAL
-    ids = {}
+    ids, eog = {}, {}
     tmp = Path(tempfile.mkdtemp())
     for name in VOCABS + RENAMED:
         vocab, _, pre = name.partition("@")
@@ -113,11 +114,16 @@ def main() -> None:
             path = with_pre(path, pre, tmp / f"{vocab}-{pre}.gguf")
         llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
         ids[name] = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in texts]
+        if not pre:  # the tokens that end generation (llama_vocab_is_eog)
+            vocab_ = llama_cpp.llama_model_get_vocab(llm.model)
+            n = llama_cpp.llama_vocab_n_tokens(vocab_)
+            eog[name] = [i for i in range(n) if llama_cpp.llama_vocab_is_eog(vocab_, i)]
         print(f"{name:20s} {sum(map(len, ids[name])):6d} tokens")
     data = {
         "source": f"llama-cpp-python {version('llama-cpp-python')}: Llama.tokenize(add_bos=False, special=True)",
         "texts": texts,
         "ids": ids,
+        "end_of_generation": eog,
     }
     with gzip.open(OUT, "wt", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, separators=(",", ":"))

@@ -242,7 +242,8 @@ def test_real_tokenizer_matches_transformers_and_llama_cpp_digits(smollm2):
         text = tok.apply_chat_template(case["messages"], tokenize=False, add_generation_prompt=True)
         assert text == case["text"]
         assert tok.encode(text, add_special_tokens=False) == case["ids"]
-    assert smollm2.eos_token_id == TOKENIZATION["eos_token_id"]
+    # transformers' EOS (<|im_end|>), then <|endoftext|>: llama.cpp ends generation on both
+    assert smollm2.eos_token_id == (TOKENIZATION["eos_token_id"], tok.convert_tokens_to_ids("<|endoftext|>"))
     assert (tok.bos_token_id, tok.eos_token_id) == (TOKENIZATION["bos_token_id"], TOKENIZATION["eos_token_id"])
 
 

@@ -283,3 +283,19 @@ def test_a_llama_gguf_with_a_sentencepiece_vocabulary_loads_and_generates_text(v
     out = jaxspec.generate(model, ["Hello world"], max_new_tokens=6, temperature=0.0)
     assert 1 <= len(out.tokens[0]) <= 6 and isinstance(out.texts[0], str)
     assert out.texts[0] == model.tokenizer.decode(out.tokens[0])
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_end_of_generation_ids_are_llama_cpps(vocab_dir, name):
+    """The ids a GGUF model stops on (``gguf_file.end_of_generation_ids``: EOS, EOT/EOM, end-of-turn markers such as
+    Phi-3's ``<|end|>`` and Llama 3's ``<|eot_id|>``) against llama.cpp's ``llama_vocab_is_eog`` on the same files:
+    equal, but for what llama.cpp adds and jaxspec leaves out on purpose: fill-in-the-middle padding/repository
+    tokens, Command-R's ``<PAD>``, and ``</s>`` where it is not the file's EOS (an ordinary token in Qwen2's
+    vocabulary)."""
+    meta = _metadata(vocab_dir / f"ggml-vocab-{name}.gguf")
+    ours = gguf_file.end_of_generation_ids(meta)
+    theirs = set(_llama_cpp_ids()["end_of_generation"][name])
+    assert ours[0] == meta["tokenizer.ggml.eos_token_id"] and set(ours) <= theirs
+    left_out = {meta["tokenizer.ggml.tokens"][i] for i in theirs - set(ours)}
+    assert left_out <= {"<fim_pad>", "<reponame>", "<PAD>", "</s>"}, left_out
+    assert len(ours) >= {"llama-bpe": 2, "phi-3": 2, "qwen2": 2, "qwen35": 2}.get(name, 1)
