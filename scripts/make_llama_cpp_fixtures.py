@@ -35,21 +35,6 @@ import llama_cpp
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "gguf" / "llama_cpp_tokenization.json.gz"
 STRINGS = ROOT / "tests" / "fixtures" / "gguf" / "smollm2_tokenization.json"
-VOCABS = [
-    "llama-spm",
-    "phi-3",
-    "gpt-2",
-    "llama-bpe",
-    "qwen2",
-    "qwen35",
-    "starcoder",
-    "refact",
-    "command-r",
-    "mpt",
-    "deepseek-llm",
-    "deepseek-coder",
-    "falcon",
-]
 # pre-tokenizers without a vocabulary file of their own among llama.cpp's: a vocabulary under another
 # tokenizer.ggml.pre ("<vocabulary>@<pre>"), which llama.cpp's tokenizer takes as it takes any file's
 RENAMED = ["llama-bpe@tekken", "llama-bpe@gpt-4o", "llama-bpe@seed-coder", "gpt-2@bloom", "gpt-2@viking"]
@@ -107,7 +92,10 @@ def main() -> None:
     texts = [c["text"] for c in json.loads(STRINGS.read_text())["strings"]] + MULTILINGUAL
     ids, eog = {}, {}
     tmp = Path(tempfile.mkdtemp())
-    for name in VOCABS + RENAMED:
+    # every vocabulary the test fetched (ggml-vocab-<name>.gguf with llama.cpp's test inputs beside it)
+    vocabs = sorted(p.name[len("ggml-vocab-") : -len(".gguf.inp")] for p in Path(args.vocab_dir).glob("*.gguf.inp"))
+    assert vocabs, f"no vocabulary files in {args.vocab_dir}"
+    for name in vocabs + RENAMED:
         vocab, _, pre = name.partition("@")
         path = Path(args.vocab_dir) / f"ggml-vocab-{vocab}.gguf"
         if pre:
@@ -127,7 +115,7 @@ def main() -> None:
     }
     with gzip.open(OUT, "wt", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, separators=(",", ":"))
-    n = len(VOCABS) + len(RENAMED)
+    n = len(vocabs) + len(RENAMED)
     print(f"{OUT.relative_to(ROOT)}: {len(texts)} strings x {n} vocabularies, {OUT.stat().st_size} bytes")
 
 
