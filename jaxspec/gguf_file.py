@@ -640,7 +640,7 @@ _END_TOKENS = (
     "<|endoftext|>",
     "<|end_of_text|>",
     "<EOT>",
-    "\uff5cend\u2581of\u2581sentence\uff5c".join("<>"),
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek's, written with full-width bars and ▁
 )
 
 
