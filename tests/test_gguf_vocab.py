@@ -132,17 +132,7 @@ def test_negative_controls_differ_from_the_vectors(vocab_dir, monkeypatch):
         return sum(tok.encode(t, add_special_tokens=False) != ids for t, ids in _cases(vocab_dir, name))
 
     assert wrong(_tokenizer(vocab_dir, "llama-spm", **{"tokenizer.ggml.add_space_prefix": False}), "llama-spm") > 5
-    # each BPE vocabulary under another pre-tokenizer than its own: GPT-2's split joins digits that StarCoder's
-    # and DeepSeek's keep apart, Falcon's and StarCoder's split digits that MPT's (GPT-2's) keep together
-    for name, other, at_least in [
-        ("starcoder", "gpt2", 1),
-        ("command-r", "gpt2", 1),
-        ("deepseek-coder", "gpt2", 1),
-        ("deepseek-llm", "gpt2", 1),
-        ("falcon", "gpt2", 5),
-        ("mpt", "starcoder", 5),
-    ]:
-        assert wrong(_tokenizer(vocab_dir, name, **{"tokenizer.ggml.pre": other}), name) >= at_least, (name, other)
+    # (each BPE pre-tokenizer against its nearest other: on llama.cpp's own output for 343 strings, below)
     monkeypatch.setattr(gguf_file, "_IGNORE_MERGES", ())
     assert wrong(_tokenizer(vocab_dir, "llama-bpe"), "llama-bpe") >= 1
 
@@ -175,6 +165,8 @@ def test_ids_equal_llama_cpp_itself_on_a_few_hundred_strings(vocab_dir, name):
         ("deepseek-llm", "deepseek-coder", 10),
         ("deepseek-llm", "llama3", 5),
         ("starcoder", "gpt2", 5),
+        ("command-r", "gpt2", 5),
+        ("deepseek-coder", "gpt2", 5),
         ("falcon", "gpt2", 20),
         ("mpt", "starcoder", 20),
         ("llama-bpe", "qwen2", 20),
