@@ -124,6 +124,35 @@ def stack_layers(params):
     return {**params, "layers": jax.tree.map(stack, *layers)}
 
 
+def first_layers(model: CausalLM, num_layers: int) -> CausalLM | None:
+    """A copy of ``model`` that keeps its first ``num_layers`` decoder layers (the same weight arrays: a split
+    model's per-layer trees, or slices of a stacked one), its embedding, final norm and LM head: what
+    ``gamma="auto"`` times to estimate a deep model's passes without compiling all its layers
+    (``jaxspec.policy.timing``). None when it cannot be built: ``model`` is not a registered family's model (its
+    config is not a family config, or its ``apply_fn`` is not the one the family builds for that config), its
+    params have no ``"layers"``, or ``num_layers`` is not between 1 and its depth, exclusive."""
+    cfg, params = model.config, model.params
+    try:
+        family = family_of_config(cfg)
+    except ValueError:
+        return None
+    layers = params.get("layers") if isinstance(params, dict) else None
+    if layers is None or not 0 < num_layers < cfg.num_layers:
+        return None
+    split = isinstance(layers, tuple)
+    layout = {"split_layers": split} if family.splits_layers else {}
+    own = {"tokenizer": None, "eos_token_id": None, **layout}
+    if family.from_params(cfg, params, name=model.name, **own).apply_fn is not model.apply_fn:  # a wrapped forward
+        return None
+    kept = layers[:num_layers] if split else jax.tree.map(lambda a: a[:num_layers], layers)
+    return family.from_params(
+        dataclasses.replace(cfg, num_layers=num_layers),
+        {**params, "layers": kept},
+        name=f"{model.name} (first {num_layers} layers)",
+        **own,
+    )
+
+
 def loaded_params(family: ModelFamily, params):
     """What a loader hands ``family.from_params``: ``params`` it read (and owns), split for a family that
     ``splits_layers`` with the stacked arrays consumed (device memory holds one copy of the weights)."""

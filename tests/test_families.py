@@ -170,3 +170,50 @@ def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, module, cfg)
     loaded = jaxspec.load(tmp_path / "ckpt", tokenizer=False)
     assert isinstance(loaded.params["layers"], tuple)
     np.testing.assert_allclose(np.asarray(loaded.logits(tokens)), np.asarray(split_logits), rtol=1e-5, atol=1e-5)
+
+
+RESIDUAL_OUTPUTS = {("attn", "o_proj"), ("mlp", "down_proj"), ("attn", "c_proj"), ("mlp", "c_proj")}
+
+
+@pytest.mark.parametrize(
+    "module, cfg, split",
+    [(llama, CONFIGS["llama"][1], True), (llama, CONFIGS["llama"][2], False), (gpt2, CONFIGS["gpt2"][0], True)],
+    ids=["llama-split", "llama-stacked-reduced-vocab", "gpt2"],
+)
+def test_first_layers_is_the_model_with_its_later_layers_silenced(module, cfg, split):
+    """``families.first_layers(model, k)`` (what ``gamma="auto"`` times for a deep model) computes what the whole
+    model computes when its layers from k on add nothing to the residual stream (their output projections zeroed);
+    it shares the model's weights (split layout), keeps its layout and a k-layer cache; None where it cannot be
+    built."""
+    cfg = dataclasses.replace(cfg, num_layers=4)
+    model = module.from_params(cfg, module.init_params(cfg, seed=5), split_layers=split)
+    first = families.first_layers(model, 2)
+    assert first.config.num_layers == 2 and isinstance(first.params["layers"], tuple) == split
+    assert first.init_cache(1, 8).k.shape[0] == 2
+    if split:
+        assert all(
+            a is b
+            for a, b in zip(
+                jax.tree.leaves(first.params),
+                jax.tree.leaves({**model.params, "layers": model.params["layers"][:2]}),
+                strict=True,
+            )
+        )
+
+    def silence(path, leaf):
+        keys = tuple(k.key for k in path)
+        return leaf.at[2:].set(0) if keys[:1] == ("layers",) and keys[1:3] in RESIDUAL_OUTPUTS else leaf
+
+    stacked = families.stack_layers(model.params)
+    silenced = module.from_params(cfg, jax.tree_util.tree_map_with_path(silence, stacked), split_layers=split)
+    tokens = np.asarray([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]])
+    got = np.asarray(first.logits(tokens))
+    np.testing.assert_allclose(got, np.asarray(silenced.logits(tokens)), rtol=1e-5, atol=1e-5)
+    finite = np.isfinite(got)  # a reduced vocabulary's logits are -inf outside it
+    # negative control: layers 2-3 do count
+    assert np.abs(got - np.asarray(model.logits(tokens)))[finite].max() > 1e-2
+
+    wrapped = model.replace(apply_fn=lambda *args: model.apply_fn(*args))
+    assert families.first_layers(wrapped, 2) is None  # not the family's own forward
+    assert families.first_layers(model, 0) is None and families.first_layers(model, 4) is None
+    assert families.first_layers(model.replace(config=None), 2) is None

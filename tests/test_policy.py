@@ -40,6 +40,49 @@ def test_verify_is_timed_at_one_candidate_and_interpolated_from_it():
     assert got == pytest.approx({1: 1.15, 2: 1.3, 4: 1.6, 6: 1.9})
 
 
+def test_a_deep_models_passes_are_extrapolated_from_copies_of_its_first_layers(small_draft, monkeypatch):
+    """A built-in model of ``EXTRAPOLATE_FROM`` layers or more is never compiled whole by the calibration: its passes
+    are timed on copies with its first ``LAYER_POINTS`` layers, in turn, and extended linearly to its depth; a
+    shallow model (the draft) is timed whole."""
+    from helpers import tiny_config
+
+    from jaxspec.models import llama
+    from jaxspec.policy import timing
+
+    deep = llama.init(tiny_config(num_layers=24, hidden_size=32, intermediate_size=48), seed=0, name="deep")
+    compiled, timed = [], []
+    monkeypatch.setattr(timing, "compile_all", lambda programs: compiled.extend(programs) or dict.fromkeys(programs))
+    monkeypatch.setattr(timing, "time_sampling", lambda *args, **kwargs: 1e-3)
+    monkeypatch.setattr(timing, "_step_call", lambda model, batch, cache_len, tokens, exe, prefill: (model, tokens))
+
+    def seconds(model, tokens):  # a made-up cost, linear in depth: (1 + 0.1 n) + layers * (0.2 + 0.05 n) ms
+        return 1e-3 * (1 + 0.1 * tokens + model.config.num_layers * (0.2 + 0.05 * tokens))
+
+    def in_turn(calls, iters, skip, budget_s):
+        timed.append(sorted(k for k in calls if k is not None))
+        return {k: seconds(*call) for k, call in calls.items()}
+
+    monkeypatch.setattr(timing, "_timed_in_turn", in_turn)
+    costs = timing.measure_costs(deep, small_draft, 1, 64, (2, 4))
+    assert costs.step_s == pytest.approx(1e-3 * (1.1 + 24 * 0.25))  # deep's whole 1-token pass, 7.1 ms
+    assert costs.v[4] == pytest.approx(1e-3 * (1.5 + 24 * 0.45) / costs.step_s)  # its 5-token pass, verify_gammas
+    assert costs.c == pytest.approx(seconds(small_draft, 1) / costs.step_s)
+    models = {key[0] for key in compiled if key != "draw"}
+    assert deep not in models and small_draft in models  # negative control: the draft is shallow, timed whole
+    copies = sorted((k[0].config.num_layers, k[3]) for k in compiled if k != "draw" and k[0] is not small_draft)
+    assert copies == [(3, 1), (3, 5), (11, 1), (11, 5)]  # (layers, tokens): each copy over 1 and γ+1 = 5 tokens
+    assert timed.count(sorted(timing.LAYER_POINTS)) == 2  # the two copies, timed in turn, for each width
+
+    compiled.clear()
+    monkeypatch.setattr(timing, "EXTRAPOLATE_FROM", 25)  # now too shallow to extrapolate: timed whole
+    timing.measure_costs(deep, small_draft, 1, 64, (2, 4))
+    assert deep in {key[0] for key in compiled if key != "draw"}
+
+    monkeypatch.undo()  # and for real: the copies compile and time
+    costs = timing.measure_costs(deep, small_draft, 1, 64, (2,))
+    assert costs.step_s > 0 and costs.v[2] > 0 and costs.c > 0
+
+
 def test_position_estimates_come_from_accept_histograms(target, small_draft):
     policy = AutoGamma(gammas=(1, 2, 4), prior_alpha=0.5, prior_drafts=1)
     # 10 rounds at γ=4: 2 rejected at position 1, 3 stopped at 2, 0 at 3, 1 at 4, 4 accepted everything
@@ -393,9 +436,9 @@ def test_target_prefill_is_extrapolated_then_taken_from_the_calls(target, small_
     from jaxspec.policy import timing
 
     # passes over 1, 3 and 7 tokens cost 1, 1.4 and 1.8 steps: slope 0.1 per token -> 64 tokens: 1.8 + 57 * 0.1
-    assert timing.extrapolate_prefill({1: 1.0, 3: 1.4, 7: 1.8}, 64) == pytest.approx(7.5)
-    assert timing.extrapolate_prefill({1: 1.0, 5: 1.4}, 5) == pytest.approx(1.4)  # no further token
-    assert timing.extrapolate_prefill({1: 1.0, 5: 0.9}, 9) == pytest.approx(0.9)  # timing noise: never a falling cost
+    assert timing.extrapolate({1: 1.0, 3: 1.4, 7: 1.8}, 64) == pytest.approx(7.5)
+    assert timing.extrapolate({1: 1.0, 5: 1.4}, 5) == pytest.approx(1.4)  # no further token
+    assert timing.extrapolate({1: 1.0, 5: 0.9}, 9) == pytest.approx(0.9)  # timing noise: never a falling cost
 
     policy = AutoGamma(gammas=(2,), keep_costs=False)
     # a step of 10 ms; prefills timed over 8 tokens: the target's 4 steps (the estimate), the draft's 0.5

@@ -14,7 +14,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxspec import executables, loop, sampling, sharding
+from jaxspec import executables, families, loop, sampling, sharding
 from jaxspec.policy.cost import Costs
 
 
@@ -67,18 +67,43 @@ def _timed_calls(call, iters: int, skip: int, budget_s: float) -> float:
     (the toy pair's step at 4 rows: 8.5, 7.8, 7.6, 6.2, ... 4.7 ms). Timing three calls after the first made the
     1-token step look 1.7x slower than the 5-token one's share, so v(4) read 1.15-1.37 where it is 1.9.
     """
-    for _ in range(skip):  # never timed: a fresh executable's first call pays one-time costs
-        call()
-    warm, start = 0, time.perf_counter()
-    while warm == 0 or (time.perf_counter() - start < WARM_S and warm < 20):
-        call()
-        warm += 1
-    times = []
-    while len(times) < iters and (not times or sum(times) < budget_s):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return _timed_in_turn({None: call}, iters, skip, budget_s)[None]
+
+
+def _timed_in_turn(calls: dict, iters: int, skip: int, budget_s: float) -> dict:
+    """``{key: median seconds}`` of each of ``calls`` (``{key: call}``), each warmed up as ``_timed_calls`` does,
+    then timed in turn (every repeat calls each once, so a burst of load on a shared machine falls on all alike)
+    ``iters`` times, or fewer (at least once) once the timed calls add up to ``budget_s`` per call."""
+    for call in calls.values():
+        for _ in range(skip):  # never timed: a fresh executable's first call pays one-time costs
+            call()
+        warm, start = 0, time.perf_counter()
+        while warm == 0 or (time.perf_counter() - start < WARM_S and warm < 20):
+            call()
+            warm += 1
+    times = {key: [] for key in calls}
+    spent, repeats = 0.0, 0
+    while repeats == 0 or (repeats < iters and spent < budget_s * len(calls)):
+        for key, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[key].append(time.perf_counter() - start)
+            spent += times[key][-1]
+        repeats += 1
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
+def _step_call(model, batch: int, cache_len: int, tokens: int, executable=None, prefill: bool = False):
+    """A call of one jitted ``model.apply_fn`` pass, as ``time_step`` times it."""
+    fn = executable or _step(model.apply_fn, prefill)
+    params, toks, pos, cache = _step_args(model, batch, cache_len, tokens)
+    state = [cache]
+
+    def call():
+        out = jax.block_until_ready(fn(params, toks, pos, state[0]))
+        state[0] = out if prefill else out[1]
+
+    return call
 
 
 def time_step(
@@ -96,14 +121,7 @@ def time_step(
     ``iters`` calls (fewer, at least one, once they add up to ``budget_s``) after a warm-up call (and a compile
     unless ``executable``, that call already compiled, e.g. by ``compile_all(lower_steps(...))``, is given).
     ``prefill``: the call keeps the cache alone, as the loop's prefill does, so no logits are computed."""
-    fn = executable or _step(model.apply_fn, prefill)
-    params, toks, pos, cache = _step_args(model, batch, cache_len, tokens)
-    state = [cache]
-
-    def call():
-        out = jax.block_until_ready(fn(params, toks, pos, state[0]))
-        state[0] = out if prefill else out[1]
-
+    call = _step_call(model, batch, cache_len, tokens, executable, prefill)
     return _timed_calls(call, iters, 1 if executable is not None else 2, budget_s)  # warm-up (+ compile)
 
 
@@ -230,17 +248,39 @@ def prefill_tokens(batch: int, cache_len: int) -> int:
     return max(1, min(64, max(8, 512 // batch), cache_len // 2))
 
 
-def extrapolate_prefill(passes: dict, tokens: int) -> float:
-    """A target prefill over ``tokens`` prompt tokens, in the units of ``passes`` (``{width: time of a pass over
-    width tokens}``, at least two widths), extrapolated linearly from the two widest: the widest pass plus the
-    per-token slope between them for each further token. What ``measure_costs`` reports for the target's prefill
-    until a call has run one (``AutoGamma.observe_prefill``): no prefill program is compiled for it. On the 2-core
-    CPU, from the 1- and 5-token passes, it puts SmolLM2's 64-token prefill at 11.6 steps against 12.6 timed; a
-    prefill counts on both sides of the expected speed-up, so that moves its estimate by under 1 % there."""
-    widths = sorted(passes)[-2:]
-    lo, hi = widths
-    slope = max(0.0, (passes[hi] - passes[lo]) / (hi - lo))
-    return passes[hi] + max(0, tokens - hi) * slope
+def extrapolate(points: dict, x: float) -> float:
+    """The value at ``x`` of a cost known at ``points`` (``{size: cost}``, at least two sizes), extrapolated
+    linearly from the two largest: the largest size's cost plus the slope between them (never negative: timing
+    noise does not make a larger pass cheaper) for each further unit. Used for two sizes:
+
+    * a target prefill over ``x`` prompt tokens from its timed passes (``{width: time of a pass over width
+      tokens}``): what ``measure_costs`` reports until a call has run one (``AutoGamma.observe_prefill``), so no
+      prefill program is compiled for it. On the 2-core CPU, from the 1- and 5-token passes, it puts SmolLM2's
+      64-token prefill at 11.6 steps against 12.6 timed; a prefill counts on both sides of the expected speed-up,
+      so that moves its estimate by under 1 % there;
+    * a deep model's pass from copies that keep its first layers (``{layers: time}``, ``LAYER_POINTS``)."""
+    lo, hi = sorted(points)[-2:]
+    slope = max(0.0, (points[hi] - points[lo]) / (hi - lo))
+    return points[hi] + max(0, x - hi) * slope
+
+
+# A model of at least EXTRAPOLATE_FROM layers has its passes timed on two copies that keep its first LAYER_POINTS
+# layers (``families.first_layers``: the same weights, embedding and LM head) and ``extrapolate``d to its depth:
+# compiling 3 + 11 layers instead of 30 takes SmolLM2's two target programs from 5.4 s to 3.2 s on the 2-core CPU
+# (lowering included), at 1-5 % from the full passes' timings (v(2) 1.289 against 1.283; v(4) 1.65 against 1.58).
+LAYER_POINTS = (3, 11)
+EXTRAPOLATE_FROM = 22
+DEPTH_ITERS = 9  # calls timed per copy (cheap ones): the slope between them is multiplied by the layers beyond
+
+
+def depth_copies(model) -> dict | None:
+    """``{layers: copy}`` for the ``LAYER_POINTS`` when ``model`` is a built-in family's model of at least
+    ``EXTRAPOLATE_FROM`` layers, else None (it is timed whole)."""
+    layers = getattr(model.config, "num_layers", None)
+    if not isinstance(layers, int) or layers < EXTRAPOLATE_FROM:
+        return None
+    copies = {k: families.first_layers(model, k) for k in LAYER_POINTS}
+    return None if any(c is None for c in copies.values()) else copies
 
 
 def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer=None, iters: int = 3) -> Costs:
@@ -250,8 +290,10 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     lowered and compiled once, compiles overlapping on parallel threads, and timed ``iters`` times): the target
     over 1 and γ+1 tokens (γ of ``verify_gammas``; the others ``interpolate``d), the draft over 1 and
     ``prefill_tokens`` prompt tokens (its prefill keeps the cache alone, as the loop's does: no LM head); and one
-    warp-and-draw over the target's vocabulary (``time_sampling``). The target's prefill is not timed but
-    ``extrapolate_prefill``d from its passes (calls then measure their own).
+    warp-and-draw over the target's vocabulary (``time_sampling``). A deep built-in model's passes are timed on
+    copies with its first ``LAYER_POINTS`` layers (``DEPTH_ITERS`` times each) and ``extrapolate``d to its depth
+    (``depth_copies``). The target's prefill is not timed but ``extrapolate``d from its passes (calls then measure
+    their own).
     ``round_timer(gammas)``: seconds per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds
     it from ``time_rounds`` (this compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it
     ``Costs.round`` is None."""
@@ -262,21 +304,33 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     gammas = tuple(sorted(set(gammas)))
     timed_gammas = verify_gammas(gammas)
     widths = sorted({1, *(g + 1 for g in timed_gammas)})
-    steps = [(target, batch, cache_len, n, False) for n in widths]
+    needed = [(target, n, False) for n in widths]  # (model, tokens, prefill) passes
     if has_model:
-        steps += [(draft, batch, cache_len, 1, False), (draft, batch, cache_len, tokens, True)]
-    programs = {s: functools.partial(_lower_step, s) for s in steps}
+        needed += [(draft, 1, False), (draft, tokens, True)]
+    copies = {m: depth_copies(m) for m in {m for m, _, _ in needed}}
+    # per pass, the programs it is timed by: {layers: step} for a deep model's copies, {None: step} for the model
+    plans = {
+        (m, n, pre): {k: (c, batch, cache_len, n, pre) for k, c in copies[m].items()}
+        if copies[m]
+        else {None: (m, batch, cache_len, n, pre)}
+        for m, n, pre in needed
+    }
+    programs = {s: functools.partial(_lower_step, s) for plan in plans.values() for s in plan.values()}
     programs["draw"] = functools.partial(lower_sampling, batch, target.vocab_size)
     compiled = compile_all(programs)  # lowered in turn, compiled on parallel threads as each is ready
 
     def timed(model, n, prefill=False):
-        exe = compiled[(model, batch, cache_len, n, prefill)]
-        return time_step(model, batch, cache_len, n, iters, exe, STEP_BUDGET_S, prefill)
+        plan = plans[(model, n, prefill)]
+        if None in plan:
+            return time_step(model, batch, cache_len, n, iters, compiled[plan[None]], STEP_BUDGET_S, prefill)
+        calls = {k: _step_call(step[0], batch, cache_len, n, compiled[step], prefill) for k, step in plan.items()}
+        depth = _timed_in_turn(calls, max(iters, DEPTH_ITERS), 1, STEP_BUDGET_S)  # the copies in turn
+        return extrapolate(depth, model.config.num_layers)
 
     step_s = timed(target, 1)
     passes = {1: 1.0, **{n: timed(target, n) / step_s for n in widths if n > 1}}
     v = interpolate({0: 1.0, **{g: passes[g + 1] for g in timed_gammas}}, gammas)
-    target_prefill = extrapolate_prefill(passes, tokens)
+    target_prefill = extrapolate(passes, tokens)
     if has_model:
         c = timed(draft, 1) / step_s
         prefill = timed(draft, tokens, True) / step_s
