@@ -14,8 +14,12 @@ Face names, so the model is built by the same family record (``jaxspec.families`
   projections for its interleaved RoPE; they are permuted back.
 - ``qwen2`` (q/k/v biases), ``qwen3`` (q/k RMSNorm): not permuted (llama.cpp uses the NeoX RoPE layout there).
 - ``gemma``: llama.cpp stores RMSNorm weights as 1 + w; w is recovered.
-- ``phi3`` (Phi-3 mini/medium 4k, Phi-4): q/k/v and gate/up stay fused, as in Phi-3's own checkpoints; the
-  sliding window from ``phi3.attention.sliding_window`` (0: none); LongRoPE files (128k) are refused.
+- ``phi3`` (Phi-3 mini/medium, Phi-3.5, Phi-4): q/k/v and gate/up stay fused, as in Phi-3's own checkpoints; the
+  sliding window from ``phi3.attention.sliding_window`` (0: none); LongRoPE (128k files: ``rope_factors_short``
+  and ``rope_factors_long`` tensors, ``rope.scaling.attn_factor``) as transformers' ``longrope``.
+
+RoPE scaling: ``linear``; ``yarn`` (factor, original context length, beta_fast / beta_slow / attention factor where
+written; DeepSeek's and Mistral's log multiplier is refused); Llama 3.1's ``rope_freqs`` divisors.
 
 The tokenizer is rebuilt with the ``tokenizers`` library from the file's vocabulary: ``tokenizer.ggml.model ==
 "gpt2"`` (byte-level BPE) from its merges, with the pre-tokenizer named by ``tokenizer.ggml.pre``; ``"llama"``
@@ -257,6 +261,55 @@ def _rope_freqs(contents: GGUFContents) -> list[float] | None:
     return None
 
 
+def _yarn_scaling(meta: dict, arch: str, path: Path, need) -> dict:
+    """transformers' ``yarn`` parameters from llama.cpp's keys: its converter writes the factor, the original
+    context length, and beta_fast / beta_slow / attention_factor where the config sets them. DeepSeek's and
+    Mistral's log multiplier and an extrapolation factor have no transformers equivalent: refused."""
+    for key, neutral in (("rope.scaling.yarn_log_multiplier", 0.0), ("rope.scaling.yarn_ext_factor", 1.0)):
+        value = meta.get(f"{arch}.{key}")
+        if value is not None and float(value) != neutral:
+            raise GGUFError(f"{path}: YaRN with {arch}.{key} = {value} is not supported")
+    out = {
+        "rope_type": "yarn",
+        "factor": float(need("rope.scaling.factor")),
+        "original_max_position_embeddings": int(need("rope.scaling.original_context_length")),
+    }
+    for key, name in (
+        ("yarn_beta_fast", "beta_fast"),
+        ("yarn_beta_slow", "beta_slow"),
+        ("yarn_attn_factor", "attention_factor"),
+    ):
+        if meta.get(f"{arch}.rope.scaling.{key}") is not None:
+            out[name] = float(meta[f"{arch}.rope.scaling.{key}"])
+    return out
+
+
+def _longrope_scaling(contents: GGUFContents, arch: str, path: Path, need) -> dict:
+    """transformers' ``longrope`` parameters from a Phi-3 128k / Phi-3.5 file: the per-frequency factors of
+    ``rope_factors_short.weight`` and ``rope_factors_long.weight``, the original context length, the factor (the
+    context length over it) and the attention factor llama.cpp's converter computed (``rope.scaling.attn_factor``)."""
+    import gguf
+
+    factors = {}
+    for t in contents.tensors:
+        if t.name in _ROPE_TENSORS[1:]:
+            factors[t.name] = [float(x) for x in np.ravel(gguf.quants.dequantize(t.data, t.tensor_type))]
+    for name in _ROPE_TENSORS[1:]:
+        if name not in factors:
+            raise GGUFError(f"{path}: LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight")
+    original = int(need("rope.scaling.original_context_length"))
+    out = {
+        "rope_type": "longrope",
+        "short_factor": factors["rope_factors_short.weight"],
+        "long_factor": factors["rope_factors_long.weight"],
+        "original_max_position_embeddings": original,
+        "factor": int(need("context_length")) / original,
+    }
+    if contents.fields.get(f"{arch}.rope.scaling.attn_factor") is not None:
+        out["attention_factor"] = float(contents.fields[f"{arch}.rope.scaling.attn_factor"])
+    return out
+
+
 def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
     """A Hugging Face style ``config.json`` dict from the GGUF metadata and tensor table."""
     meta = contents.fields
@@ -304,19 +357,20 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
         "hidden_act": "gelu_pytorch_tanh" if arch == "gemma" else "silu",
     }
     scaling = meta.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        if scaling != "linear":
-            raise GGUFError(f"{path}: RoPE scaling type {scaling!r} is not supported (only linear)")
-        if rope_freqs is not None:
-            raise GGUFError(f"{path}: both rope.scaling.type {scaling!r} and rope_freqs.weight: which applies?")
+    longrope = sorted(set(_ROPE_TENSORS[1:]) & tensor_names)
+    if scaling not in (None, "none", "linear", "yarn", "longrope"):
+        raise GGUFError(f"{path}: RoPE scaling type {scaling!r} is not supported (linear, yarn, longrope)")
+    if rope_freqs is not None and (scaling not in (None, "none") or longrope):
+        raise GGUFError(f"{path}: both RoPE scaling ({scaling or longrope}) and rope_freqs.weight: which applies?")
+    if scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    elif scaling == "yarn":
+        config["rope_scaling"] = _yarn_scaling(meta, arch, path, need)
+    elif scaling == "longrope" or longrope:  # Phi-3's converter writes the two tensors, not always the type
+        config["rope_scaling"] = _longrope_scaling(contents, arch, path, need)
     elif rope_freqs is not None:  # Llama 3.1's band rescaling, stored as one divisor per frequency
         config["rope_scaling"] = {"rope_type": "factors", "factors": rope_freqs}
     if arch == "phi3":
-        if {"rope_factors_long.weight", "rope_factors_short.weight"} & tensor_names:
-            raise GGUFError(
-                f"{path}: LongRoPE (rope_factors_long/short: Phi-3 128k and Phi-3.5 files) is not supported"
-            )
         window = int(meta.get("phi3.attention.sliding_window") or 0)  # 0: none (llama.cpp's mark for Phi-4)
         config["sliding_window"] = window or None
     if arch == "qwen2":
@@ -326,6 +380,7 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
     return config
 
 
+_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 _PERMUTED_NAMES = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
 
 
@@ -357,7 +412,7 @@ class _Tensors:
 
     @staticmethod
     def _hf_name(name: str, arch: str) -> str | None:
-        if name == "rope_freqs.weight":  # read into the config (``_rope_freqs``), not a weight
+        if name in _ROPE_TENSORS:  # read into the config (``_rope_freqs``, ``_longrope_scaling``), not weights
             return None
         if name in _GLOBAL_NAMES:
             return _GLOBAL_NAMES[name]

@@ -152,6 +152,64 @@ FIXTURES = {
         dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=16, tie_word_embeddings=False),
         {},
     ),
+    # YaRN (Qwen2.5/Qwen3 long-context settings): head_dim 16 and a small base so the blend between kept and
+    # interpolated frequencies spans several dimensions at original_max_position_embeddings=32 < the sequence
+    "qwen2_yarn": (
+        transformers.Qwen2Config,
+        transformers.Qwen2ForCausalLM,
+        dict(
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="yarn", rope_theta=100.0, factor=4.0, original_max_position_embeddings=32),
+        ),
+        {},
+    ),
+    # YaRN with every option: its own beta bounds, not truncated, attention factor from mscale / mscale_all_dim
+    "llama_yarn_mscale": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=100.0,
+                factor=8.0,
+                original_max_position_embeddings=32,
+                beta_fast=8.0,
+                beta_slow=0.5,
+                mscale=1.0,
+                mscale_all_dim=0.5,
+                truncate=False,
+            ),
+        ),
+        {},
+    ),
+    # LongRoPE (Phi-3 128k, Phi-3.5): short factors below original_max_position_embeddings (top-level, as Phi-3
+    # writes it), long ones from there on. The reference decodes as transformers generates: a prompt within the
+    # original length in one pass, then token by token (so each token's rotation follows its own position)
+    "phi3_longrope": (
+        transformers.Phi3Config,
+        transformers.Phi3ForCausalLM,
+        dict(
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=False,
+            max_position_embeddings=96,
+            original_max_position_embeddings=24,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=100.0,
+                short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5],
+                long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 8.0, 10.0, 12.0],
+            ),
+        ),
+        {"incremental": 24},
+    ),
 }
 
 
@@ -197,7 +255,19 @@ def make(name: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, VOCAB, size=(2, SEQ)).astype(np.int32)
     with torch.no_grad():
-        logits = model(torch.from_numpy(ids).long()).logits.float().numpy()
+        if opts.get("incremental"):  # a prompt of that many tokens, then one token per pass through the cache
+            n, full = opts["incremental"], torch.from_numpy(ids).long()
+            out = model(full[:, :n], use_cache=True)
+            parts, cache = [out.logits], out.past_key_values
+            for t in range(n, SEQ):
+                out = model(full[:, t : t + 1], past_key_values=cache, use_cache=True)
+                parts.append(out.logits)
+                cache = out.past_key_values
+            logits = torch.cat(parts, dim=1).float().numpy()
+            whole = model(full).logits.float().numpy()  # one pass over all: long factors everywhere
+            print(f"{name}: one pass vs token by token differ by {np.abs(whole - logits).max():.3g}")
+        else:
+            logits = model(torch.from_numpy(ids).long()).logits.float().numpy()
     directory = OUT / name
     shutil.rmtree(directory, ignore_errors=True)
     save = model.to(torch.bfloat16) if opts.get("bf16") else model

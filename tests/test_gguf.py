@@ -3,6 +3,7 @@ quantization type (fixtures written by scripts/make_gguf_fixtures.py in a torch 
 and clear errors for damaged files, unknown architectures and unsupported variants."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -426,7 +427,9 @@ def _write_hf_as_gguf(
     gate/up fused as in the checkpoint and ``attention.sliding_window``. ``faithful=False`` leaves out the step of
     each architecture its negative control needs: Llama's rope_freqs, Gemma's 1 + w, Phi-3's window; for Qwen3
     it permutes the q/k rows as for Llama. ``extra``: more tensors, name -> a value for every RoPE frequency.
-    ``meta``: metadata keys -> uint32 values that replace the helper's (None: the key left out).
+    ``meta``: metadata keys -> uint32 values that replace the helper's (None: the key left out). YaRN as its keys
+    (faithful: else plain RoPE); LongRoPE as Phi-3's converter writes it (its two factor tensors, the original
+    context and the attention factor; faithful: else plain RoPE).
     ``split``: at most this many tensors per file, written as gguf-py's writer splits a model (as llama.cpp's
     gguf-split does: <stem>-00001-of-0000N.gguf, ...); the shards' paths are returned."""
     from safetensors.numpy import load_file
@@ -478,6 +481,23 @@ def _write_hf_as_gguf(
             w.add_tensor(f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}", x)
     for name, value in (extra or {}).items():
         w.add_tensor(name, np.full(head_dim // 2, value, np.float32))
+    if rope.get("rope_type") == "yarn" and faithful:  # as llama.cpp's converter: type, factor, original length
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for key, add in (
+            ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+            ("beta_slow", w.add_rope_scaling_yarn_beta_slow),
+        ):
+            if key in rope:
+                add(rope[key])
+    if rope.get("rope_type") == "longrope" and faithful:  # as its Phi-3 converter: no type, two tensors
+        original = cfg["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
     if rope.get("rope_type") == "llama3" and faithful:
         w.add_tensor(
             "rope_freqs.weight",
@@ -539,7 +559,32 @@ def test_qwen3_gemma_and_phi3_gguf_layouts_match_transformers(tmp_path, fixture,
     if arch == "phi3":
         assert wrong.config.sliding_window is None
         path = _write_hf_as_gguf(tmp_path / "long.gguf", fixture, arch, extra={"rope_factors_long.weight": 1.0})
-        with pytest.raises(gguf_file.GGUFError, match="LongRoPE"):
+        with pytest.raises(gguf_file.GGUFError, match="LongRoPE needs both"):
+            jaxspec.load(path, tokenizer=False)
+
+
+@pytest.mark.parametrize(
+    "fixture, arch, rope_type",
+    [("qwen2_yarn", "qwen2", "yarn"), ("phi3_longrope", "phi3", "longrope")],
+)
+def test_yarn_and_longrope_gguf_match_transformers(tmp_path, fixture, arch, rope_type):
+    """Qwen2 with YaRN (llama.cpp's rope.scaling keys) and Phi-3 with LongRoPE (its rope_factors_short/long tensors
+    and attention factor, as llama.cpp's Phi-3 converter writes them) give transformers' logits over 56 positions
+    (LongRoPE: its short factors below 24, the long ones from there on, as transformers decodes). Negative controls:
+    the same files without their scaling do not; YaRN with DeepSeek's log multiplier is refused."""
+    data = np.load(HF_FIXTURES / fixture / "expected.npz")
+    model = jaxspec.load(_write_hf_as_gguf(tmp_path / f"{arch}.gguf", fixture, arch), tokenizer=False)
+    assert model.config.rope_type == rope_type
+    logits = np.asarray(model.logits(data["ids"]))
+    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
+    plain = jaxspec.load(_write_hf_as_gguf(tmp_path / "plain.gguf", fixture, arch, faithful=False), tokenizer=False)
+    assert plain.config.rope_type == "default"
+    assert np.abs(np.asarray(plain.logits(data["ids"])) - data["logits"]).max() > 1e-2
+    if rope_type == "yarn":
+        path = _write_hf_as_gguf(
+            tmp_path / "ds.gguf", fixture, arch, meta={"qwen2.rope.scaling.yarn_log_multiplier": 1}
+        )
+        with pytest.raises(gguf_file.GGUFError, match="yarn_log_multiplier = 1 is not supported"):
             jaxspec.load(path, tokenizer=False)
 
 

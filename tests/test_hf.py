@@ -35,7 +35,7 @@ def _load(name, dtype="float32"):
 
 
 def test_fixtures_present():
-    assert len(NAMES) == 9, NAMES
+    assert len(NAMES) == 12, NAMES
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
     assert total < 2 * 2**20
 
@@ -166,7 +166,10 @@ def test_phi3_fused_tensor_with_extra_rows(tmp_path):
     with pytest.raises(ValueError, match=r"qkv_proj.weight has 72 rows, which does not match the config"):
         jaxspec.load(path)
     _edit_config(path, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4})
-    with pytest.raises(ValueError, match="unsupported rope type 'longrope'"):
+    with pytest.raises(ValueError, match=r"rope type 'longrope' needs parameter\(s\) \['long_factor'\]"):
+        jaxspec.load(path)
+    _edit_config(path, rope_parameters={"rope_type": "su", "short_factor": [1.0] * 4, "long_factor": [2.0] * 3})
+    with pytest.raises(ValueError, match=r"longrope long_factor must be head_dim // 2 = 4 finite numbers"):
         jaxspec.load(path)
 
 
@@ -233,11 +236,11 @@ def test_unknown_model_type(tmp_path):
         jaxspec.load(path)
 
 
-@pytest.mark.parametrize("rope_type", ["yarn", "dynamic"])
+@pytest.mark.parametrize("rope_type", ["dynamic", "mrope"])
 def test_unknown_rope_type(tmp_path, rope_type):
     path = _copy("llama_gqa", tmp_path)
     _edit_config(path, rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0})
-    with pytest.raises(ValueError, match=rf"unsupported rope type '{rope_type}'.*'linear', 'llama3'"):
+    with pytest.raises(ValueError, match=rf"unsupported rope type '{rope_type}'.*'linear', 'llama3', 'longrope'"):
         jaxspec.load(path)
 
 
@@ -246,6 +249,40 @@ def test_rope_missing_parameter(tmp_path):
     _edit_config(path, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0})
     with pytest.raises(ValueError, match="'linear' needs parameter.*factor"):
         jaxspec.load(path)
+
+
+def test_rope_registry_yarn_and_longrope_by_hand():
+    """YaRN's blend and attention factor, and LongRoPE's per-position switch, worked out by hand (the fixtures
+    check them against transformers' logits)."""
+    base = rope.inverse_frequencies(16, 100.0)
+    # dimension with r rotations over 32 positions: 16 ln(32 / (2π r)) / (2 ln 100): beta_fast 32 -> -1.6 -> 0,
+    # beta_slow 1 -> 2.83 -> 3 (rounded outward); the blend runs over dimensions 0..3
+    yarn = rope.rotation(16, 100.0, "yarn", factor=4.0, original_max_position_embeddings=32)
+    blend = np.array([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1])
+    np.testing.assert_allclose(yarn.inv_freq, base * (1 - blend) + base / 4 * blend, rtol=1e-12)
+    assert yarn.attention_factor == pytest.approx(0.1 * np.log(4.0) + 1) and yarn.long_inv_freq is None
+    # mscale / mscale_all_dim: the ratio of the two scales; an explicit attention_factor wins
+    scaled = rope.rotation(
+        16, 100.0, "yarn", factor=8.0, original_max_position_embeddings=32, mscale=1.0, mscale_all_dim=0.5
+    )
+    assert scaled.attention_factor == pytest.approx((0.1 * np.log(8) + 1) / (0.05 * np.log(8) + 1))
+    fixed = rope.rotation(16, 100.0, "yarn", factor=8.0, original_max_position_embeddings=32, attention_factor=0.7)
+    assert fixed.attention_factor == 0.7
+
+    short, long = (1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5), (1.0, 1.5, 2.5, 4.0, 6.0, 8.0, 10.0, 12.0)
+    lr = rope.rotation(
+        16, 100.0, "longrope", short_factor=short, long_factor=long, original_max_position_embeddings=24, factor=4.0
+    )
+    np.testing.assert_allclose(lr.inv_freq, base / np.array(short), rtol=1e-12)
+    np.testing.assert_allclose(lr.long_inv_freq, base / np.array(long), rtol=1e-12)
+    assert lr.long_from == 24 and lr.attention_factor == pytest.approx(np.sqrt(1 + np.log(4) / np.log(24)))
+    x = np.random.default_rng(0).standard_normal((1, 2, 1, 16)).astype(np.float32)
+    got = np.asarray(rope.apply_rope(jnp.asarray(x), jnp.asarray([[23, 24]]), lr))
+    for t, (position, inv) in enumerate([(23, lr.inv_freq), (24, lr.long_inv_freq)]):  # short at 23, long at 24
+        want = rope.apply_rope(jnp.asarray(x[:, t : t + 1]), jnp.asarray([[position]]), inv) * lr.attention_factor
+        np.testing.assert_allclose(got[:, t : t + 1], np.asarray(want), rtol=1e-5, atol=1e-6)
+    wrong = rope.apply_rope(jnp.asarray(x[:, 1:]), jnp.asarray([[24]]), lr.inv_freq) * lr.attention_factor
+    assert np.abs(got[:, 1:] - np.asarray(wrong)).max() > 1e-2  # negative control: the short factors at 24
 
 
 def test_missing_shard(tmp_path):
@@ -306,8 +343,8 @@ def test_rope_registry_llama3_bands():
     np.testing.assert_allclose(rope.inverse_frequencies(head_dim, theta, "linear", factor=4.0), base / 4.0)
     np.testing.assert_allclose(rope.inverse_frequencies(head_dim, theta, "default"), base)
     assert {"default", "linear", "llama3"} <= set(rope.ROPE_TYPES)
-    with pytest.raises(ValueError, match="unsupported rope type 'yarn'"):
-        rope.inverse_frequencies(head_dim, theta, "yarn", factor=2.0)
+    with pytest.raises(ValueError, match="unsupported rope type 'dynamic'"):
+        rope.inverse_frequencies(head_dim, theta, "dynamic", factor=2.0)
     with pytest.raises(ValueError, match="does not take"):
         rope.inverse_frequencies(head_dim, theta, "linear", factor=2.0, beta_fast=32)
     # per-frequency divisors (a GGUF file's rope_freqs): llama3's bands expressed as base / scaled

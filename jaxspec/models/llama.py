@@ -32,7 +32,7 @@ from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama i
     config_from_hf,
     config_to_hf,
 )
-from jaxspec.models.rope import apply_rope, inverse_frequencies
+from jaxspec.models.rope import apply_rope, rotation
 
 _ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": functools.partial(nn.gelu, approximate=True)}
 
@@ -111,8 +111,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = rms_norm(cfg, "q_norm")(q)
             k = rms_norm(cfg, "k_norm")(k)
-        inv_freq = inverse_frequencies(d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        rot = rotation(d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
+        q, k = apply_rope(q, positions, rot), apply_rope(k, positions, rot)
         k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
         k_cache, v_cache = k_all[layer], v_all[layer]
 

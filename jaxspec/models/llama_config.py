@@ -120,13 +120,20 @@ def _rope_from_hf(c: dict) -> tuple[str, dict, float]:
     theta = params.pop("rope_theta", None) or c.get("rope_theta") or 10000.0
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
+    rope_type = {"su": "longrope"}.get(rope_type, rope_type)  # early Phi-3 128k configs name LongRoPE "su"
     partial = params.pop("partial_rotary_factor", None) or c.get("partial_rotary_factor") or 1.0
     if partial != 1.0:
         raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unsupported rope type {rope_type!r}; supported: {sorted(ROPE_TYPES)}")
-    if rope_type == "llama3" and params.get("original_max_position_embeddings") is None:
-        params["original_max_position_embeddings"] = c.get("max_position_embeddings")
+    if rope_type in ("llama3", "yarn", "longrope"):
+        # transformers' order: a top-level original_max_position_embeddings (Phi-3) first, then the parameters',
+        # then max_position_embeddings; YaRN's and LongRoPE's factor defaults to max / original
+        original = c.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+        params["original_max_position_embeddings"] = original or c.get("max_position_embeddings")
+        if rope_type in ("yarn", "longrope") and params.get("factor") is None and c.get("max_position_embeddings"):
+            params["factor"] = c["max_position_embeddings"] / params["original_max_position_embeddings"]
+        params = {k: v for k, v in params.items() if v is not None}  # transformers writes unset ones as null
     if rope_type == "default":
         params = {}
     check_rope(rope_type, params)

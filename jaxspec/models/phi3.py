@@ -3,8 +3,8 @@
 Its math is Llama's: RMSNorm (w * y), RoPE (rotate-half), grouped-query attention without biases, SwiGLU, an
 optional untied LM head, and a Mistral-style ``sliding_window`` when the config sets one. Only the checkpoint
 layout differs: q/k/v are one ``qkv_proj`` and gate/up one ``gate_up_proj`` tensor, rows in that order, which the
-weight table splits on import and concatenates on export. Configs with ``longrope`` or a partial rotary factor
-(Phi-3.5 long-context, Phi-4-mini) are refused when loading.
+weight table splits on import and concatenates on export. ``longrope`` configs (Phi-3 128k, Phi-3.5) load
+(``jaxspec.models.rope``); a partial rotary factor (Phi-4-mini) is refused.
 """
 
 from __future__ import annotations
