@@ -14,9 +14,10 @@ Face names, so the model is built by the same family record (``jaxspec.families`
   projections for its interleaved RoPE; they are permuted back.
 - ``qwen2`` (q/k/v biases), ``qwen3`` (q/k RMSNorm): not permuted (llama.cpp uses the NeoX RoPE layout there).
 - ``gemma``: llama.cpp stores RMSNorm weights as 1 + w; w is recovered.
-- ``phi3`` (Phi-3 mini/medium, Phi-3.5, Phi-4): q/k/v and gate/up stay fused, as in Phi-3's own checkpoints; the
-  sliding window from ``phi3.attention.sliding_window`` (0: none); LongRoPE (128k files: ``rope_factors_short``
-  and ``rope_factors_long`` tensors, ``rope.scaling.attn_factor``) as transformers' ``longrope``.
+- ``phi3`` (Phi-3 mini/medium, Phi-3.5, Phi-4, Phi-4-mini): q/k/v and gate/up stay fused, as in Phi-3's own
+  checkpoints; the sliding window from ``phi3.attention.sliding_window`` (0: none); LongRoPE (128k files:
+  ``rope_factors_short`` and ``rope_factors_long`` tensors, ``rope.scaling.attn_factor``) as transformers'
+  ``longrope``; a ``rope.dimension_count`` below the head size as a partial rotary factor (Phi-4-mini).
 
 RoPE scaling: ``linear``; ``yarn`` (factor, original context length, beta_fast / beta_slow / attention factor where
 written; DeepSeek's and Mistral's log multiplier is refused); Llama 3.1's ``rope_freqs`` divisors.
@@ -337,9 +338,10 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
     rope_dims = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     if value_dim != head_dim:
         raise GGUFError(f"{path}: attention.value_length {value_dim} != key_length {head_dim} is not supported")
-    if rope_dims != head_dim:
+    if rope_dims != head_dim and arch != "phi3":  # Phi-4-mini rotates part of each head, as transformers' Phi-3
         raise GGUFError(
-            f"{path}: rope.dimension_count {rope_dims} != the head size {head_dim} (partial RoPE is not supported)"
+            f"{path}: rope.dimension_count {rope_dims} != the head size {head_dim} (partial RoPE is supported for "
+            "phi3 only)"
         )
     config = {
         "model_type": ARCHITECTURES[arch],
@@ -371,6 +373,8 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
     elif rope_freqs is not None:  # Llama 3.1's band rescaling, stored as one divisor per frequency
         config["rope_scaling"] = {"rope_type": "factors", "factors": rope_freqs}
     if arch == "phi3":
+        if rope_dims != head_dim:
+            config["partial_rotary_factor"] = rope_dims / head_dim
         window = int(meta.get("phi3.attention.sliding_window") or 0)  # 0: none (llama.cpp's mark for Phi-4)
         config["sliding_window"] = window or None
     if arch == "qwen2":

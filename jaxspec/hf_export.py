@@ -52,6 +52,8 @@ def _full_vocab(cfg: llama.LlamaConfig, params) -> tuple[llama.LlamaConfig, dict
 def _family(cfg, model_type: str | None) -> ModelFamily:
     """The record that exports ``cfg``: the one of ``model_type``, or the first exporting family of its config."""
     exporters = [f for f in families.registered() if f.config_to_hf is not None]
+    if model_type is None and getattr(cfg, "rotary_dim", None) is not None:
+        model_type = "phi3"  # the Llama-layout model of transformers that rotates part of each head
     if model_type is not None:
         family = families.family_for_model_type(model_type)
     else:

@@ -210,6 +210,26 @@ FIXTURES = {
         ),
         {"incremental": 24},
     ),
+    # Phi-4-mini style: RoPE on the first half of each head only (partial_rotary_factor), LongRoPE over those
+    "phi3_partial_longrope": (
+        transformers.Phi3Config,
+        transformers.Phi3ForCausalLM,
+        dict(
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            max_position_embeddings=96,
+            original_max_position_embeddings=24,
+            partial_rotary_factor=0.5,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=100.0,
+                short_factor=[1.0, 1.2, 1.8, 2.5],
+                long_factor=[1.0, 2.0, 5.0, 9.0],
+            ),
+        ),
+        {"incremental": 24},
+    ),
 }
 
 

@@ -446,7 +446,7 @@ def _write_hf_as_gguf(
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(int(head_dim * cfg.get("partial_rotary_factor", 1.0)))
     if cfg.get("head_dim"):  # as llama.cpp's converter: wherever the config states the head size
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -565,13 +565,19 @@ def test_qwen3_gemma_and_phi3_gguf_layouts_match_transformers(tmp_path, fixture,
 
 @pytest.mark.parametrize(
     "fixture, arch, rope_type",
-    [("qwen2_yarn", "qwen2", "yarn"), ("phi3_longrope", "phi3", "longrope")],
+    [
+        ("qwen2_yarn", "qwen2", "yarn"),
+        ("phi3_longrope", "phi3", "longrope"),
+        ("phi3_partial_longrope", "phi3", "longrope"),
+    ],
 )
 def test_yarn_and_longrope_gguf_match_transformers(tmp_path, fixture, arch, rope_type):
     """Qwen2 with YaRN (llama.cpp's rope.scaling keys) and Phi-3 with LongRoPE (its rope_factors_short/long tensors
     and attention factor, as llama.cpp's Phi-3 converter writes them) give transformers' logits over 56 positions
     (LongRoPE: its short factors below 24, the long ones from there on, as transformers decodes). Negative controls:
-    the same files without their scaling do not; YaRN with DeepSeek's log multiplier is refused."""
+    the same files without their scaling do not; YaRN with DeepSeek's log multiplier is refused. Phi-4-mini's layout
+    (RoPE on half of each head, ``rope.dimension_count`` 8 of 16) the same; read as rotating whole heads, its four
+    LongRoPE factors do not fit the eight frequencies: a clear error."""
     data = np.load(HF_FIXTURES / fixture / "expected.npz")
     model = jaxspec.load(_write_hf_as_gguf(tmp_path / f"{arch}.gguf", fixture, arch), tokenizer=False)
     assert model.config.rope_type == rope_type
@@ -586,6 +592,11 @@ def test_yarn_and_longrope_gguf_match_transformers(tmp_path, fixture, arch, rope
         )
         with pytest.raises(gguf_file.GGUFError, match="yarn_log_multiplier = 1 is not supported"):
             jaxspec.load(path, tokenizer=False)
+    if "partial" in fixture:
+        assert model.config.rotary_dim == 8
+        whole = _write_hf_as_gguf(tmp_path / "whole.gguf", fixture, arch, meta={"phi3.rope.dimension_count": 16})
+        with pytest.raises(gguf_file.GGUFError, match="short_factor must be 8 finite numbers"):
+            jaxspec.load(whole, tokenizer=False)  # whole heads: 4 factors for 8 frequencies
 
 
 def test_a_model_split_into_shards_loads_from_any_shard(tmp_path):
@@ -633,7 +644,7 @@ def test_a_llama_gguf_whose_head_size_is_not_hidden_over_heads_loads(tmp_path):
     with pytest.raises(gguf_file.GGUFError, match="rope.dimension_count 16 != the head size 8"):
         jaxspec.load(no_key, tokenizer=False)
     partial = _write_hf_as_gguf(tmp_path / "partial.gguf", "mistral_swa", meta={"llama.rope.dimension_count": 12})
-    with pytest.raises(gguf_file.GGUFError, match="partial RoPE is not supported"):
+    with pytest.raises(gguf_file.GGUFError, match=r"partial RoPE is supported for phi3 only"):
         jaxspec.load(partial, tokenizer=False)
     mla = _write_hf_as_gguf(tmp_path / "mla.gguf", "mistral_swa", meta={"llama.attention.value_length": 8})
     with pytest.raises(gguf_file.GGUFError, match="value_length 8 != key_length 16"):

@@ -35,7 +35,7 @@ def _load(name, dtype="float32"):
 
 
 def test_fixtures_present():
-    assert len(NAMES) == 12, NAMES
+    assert len(NAMES) == 13, NAMES
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
     assert total < 2 * 2**20
 
@@ -169,7 +169,7 @@ def test_phi3_fused_tensor_with_extra_rows(tmp_path):
     with pytest.raises(ValueError, match=r"rope type 'longrope' needs parameter\(s\) \['long_factor'\]"):
         jaxspec.load(path)
     _edit_config(path, rope_parameters={"rope_type": "su", "short_factor": [1.0] * 4, "long_factor": [2.0] * 3})
-    with pytest.raises(ValueError, match=r"longrope long_factor must be head_dim // 2 = 4 finite numbers"):
+    with pytest.raises(ValueError, match=r"longrope long_factor must be 4 finite numbers"):
         jaxspec.load(path)
 
 
@@ -242,6 +242,18 @@ def test_unknown_rope_type(tmp_path, rope_type):
     _edit_config(path, rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0})
     with pytest.raises(ValueError, match=rf"unsupported rope type '{rope_type}'.*'linear', 'llama3', 'longrope'"):
         jaxspec.load(path)
+
+
+def test_partial_rotary_factor_only_where_transformers_honours_it(tmp_path):
+    """A partial rotary factor loads for Phi-3 (the ``phi3_partial_longrope`` fixture: logits above) and is refused
+    for the model types whose transformers code rotates whole heads; such a model exports as Phi-3."""
+    assert _load("phi3_partial_longrope").config.rotary_dim == 8
+    path = _copy("llama_gqa", tmp_path)
+    _edit_config(path, partial_rotary_factor=0.5)
+    with pytest.raises(ValueError, match=r"partial_rotary_factor=0.5 is not supported for llama \(only phi3\)"):
+        jaxspec.load(path)
+    with pytest.raises(ValueError, match="exports as model_type='phi3' only"):
+        jaxspec.export_hf(_load("phi3_partial_longrope"), tmp_path / "as_llama", model_type="llama")
 
 
 def test_rope_missing_parameter(tmp_path):
@@ -350,7 +362,7 @@ def test_rope_registry_llama3_bands():
     # per-frequency divisors (a GGUF file's rope_freqs): llama3's bands expressed as base / scaled
     divisors = tuple(base / scaled)
     np.testing.assert_allclose(rope.inverse_frequencies(head_dim, theta, "factors", factors=divisors), scaled)
-    with pytest.raises(ValueError, match="head_dim // 2 = 32 finite numbers > 0"):
+    with pytest.raises(ValueError, match="must be 32 finite numbers > 0"):
         rope.inverse_frequencies(head_dim, theta, "factors", factors=divisors[:-1])
-    with pytest.raises(ValueError, match="head_dim // 2 = 32 finite numbers > 0"):
+    with pytest.raises(ValueError, match="must be 32 finite numbers > 0"):
         rope.inverse_frequencies(head_dim, theta, "factors", factors=(0.0,) * 32)

@@ -111,7 +111,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = rms_norm(cfg, "q_norm")(q)
             k = rms_norm(cfg, "k_norm")(k)
-        rot = rotation(d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
+        rot = rotation(cfg.rotary_dim or d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
         q, k = apply_rope(q, positions, rot), apply_rope(k, positions, rot)
         k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
         k_cache, v_cache = k_all[layer], v_all[layer]

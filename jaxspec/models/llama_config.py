@@ -35,7 +35,8 @@ class LlamaConfig:
       tie_embeddings: the LM head is the embedding's transpose.
       dtype: name of the weights', activations' and caches' dtype (``jaxspec.dtypes``); logits are float32.
       init_std: standard deviation of random initialization.
-      qkv_bias, o_bias, qk_norm, sliding_window, embed_scale, mlp_activation: family variants (comments below).
+      qkv_bias, o_bias, qk_norm, sliding_window, embed_scale, mlp_activation, rotary_dim: family variants (comments
+        below).
       vocab_ids: a reduced-vocabulary draft's ids in the full vocabulary (below); () for the full vocabulary.
 
     Raises ``ValueError`` naming the field for inconsistent values (heads, head_dim, RoPE, activation, ids).
@@ -66,6 +67,7 @@ class LlamaConfig:
     # Its logits stay [..., vocab_size] with -inf outside these ids (a draft's q = 0 there, which the rejection
     # sampler handles exactly); an input id outside them embeds as one extra learned row. () = the full vocabulary.
     vocab_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False)
+    rotary_dim: int | None = None  # RoPE on each head's first `rotary_dim` dimensions only (Phi-4-mini); None: all
 
     def __post_init__(self):
         if not isinstance(self.vocab_ids, tuple):
@@ -93,6 +95,10 @@ class LlamaConfig:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rotary_dim == self.head_dim:
+            object.__setattr__(self, "rotary_dim", None)
+        if self.rotary_dim is not None and (self.rotary_dim % 2 or not 0 < self.rotary_dim < self.head_dim):
+            raise ValueError(f"rotary_dim must be even and in (0, head_dim={self.head_dim}], got {self.rotary_dim}")
 
     @property
     def jnp_dtype(self):
@@ -108,9 +114,9 @@ class LlamaConfig:
 # ----------------------------------------------------------------------------------------------- Hugging Face
 
 
-def _rope_from_hf(c: dict) -> tuple[str, dict, float]:
-    """``(rope_type, params, theta)`` from either ``rope_theta`` + ``rope_scaling`` (transformers 4) or
-    ``rope_parameters`` (transformers 5)."""
+def _rope_from_hf(c: dict) -> tuple[str, dict, float, float]:
+    """``(rope_type, params, theta, partial_rotary_factor)`` from either ``rope_theta`` + ``rope_scaling``
+    (transformers 4) or ``rope_parameters`` (transformers 5)."""
     raw = c.get("rope_parameters") or c.get("rope_scaling") or {}
     if not isinstance(raw, dict):
         raise ValueError(f"rope_scaling / rope_parameters must be a dict or null, got {raw!r}")
@@ -121,9 +127,7 @@ def _rope_from_hf(c: dict) -> tuple[str, dict, float]:
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     rope_type = {"su": "longrope"}.get(rope_type, rope_type)  # early Phi-3 128k configs name LongRoPE "su"
-    partial = params.pop("partial_rotary_factor", None) or c.get("partial_rotary_factor") or 1.0
-    if partial != 1.0:
-        raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
+    partial = float(params.pop("partial_rotary_factor", None) or c.get("partial_rotary_factor") or 1.0)
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unsupported rope type {rope_type!r}; supported: {sorted(ROPE_TYPES)}")
     if rope_type in ("llama3", "yarn", "longrope"):
@@ -137,15 +141,25 @@ def _rope_from_hf(c: dict) -> tuple[str, dict, float]:
     if rope_type == "default":
         params = {}
     check_rope(rope_type, params)
-    return rope_type, params, float(theta)
+    return rope_type, params, float(theta), partial
 
 
 def build_config(
-    c: dict, model_type: str, dtype: str, *, qkv_bias: bool, o_bias: bool, qk_norm=False, sliding=False, gemma=False
+    c: dict,
+    model_type: str,
+    dtype: str,
+    *,
+    qkv_bias: bool,
+    o_bias: bool,
+    qk_norm=False,
+    sliding=False,
+    gemma=False,
+    partial=False,
 ) -> LlamaConfig:
     """A ``config.json`` of a Llama-layout ``model_type`` -> ``LlamaConfig``, for a layout with these features
-    (``sliding``: honours ``sliding_window``; ``gemma``: (1 + w) norms, scaled embeddings, GeGLU). Other families
-    that run on this module (``models.phi3``) build their configs with it."""
+    (``sliding``: honours ``sliding_window``; ``gemma``: (1 + w) norms, scaled embeddings, GeGLU; ``partial``:
+    honours ``partial_rotary_factor``, as transformers' Phi-3 does and its Llama, Mistral, Qwen and Gemma do not).
+    Other families that run on this module (``models.phi3``) build their configs with it."""
 
     def need(key):
         if c.get(key) is None:
@@ -172,7 +186,10 @@ def build_config(
     if any(t != "full_attention" for t in layer_types) or (not sliding and c.get("use_sliding_window")):
         raise ValueError(f"sliding-window layers are not supported for {model_type} (layer_types={layer_types})")
     heads = int(need("num_attention_heads"))
-    rope_type, rope_params, theta = _rope_from_hf(c)
+    rope_type, rope_params, theta, partial_factor = _rope_from_hf(c)
+    if partial_factor != 1.0 and not partial:
+        raise ValueError(f"partial_rotary_factor={partial_factor} is not supported for {model_type} (only phi3)")
+    head_dim = int(c.get("head_dim") or int(need("hidden_size")) // heads)
     return LlamaConfig(
         vocab_size=int(need("vocab_size")),
         hidden_size=int(need("hidden_size")),
@@ -194,6 +211,7 @@ def build_config(
         norm_offset=1.0 if gemma else 0.0,
         embed_scale=gemma,
         mlp_activation="gelu_tanh" if gemma else "silu",
+        rotary_dim=int(head_dim * partial_factor) if partial_factor != 1.0 else None,
     )
 
 
@@ -247,7 +265,8 @@ def common_hf_config(cfg: LlamaConfig, model_type: str, architecture: str) -> di
             "per-dimension RoPE factors (a GGUF file's rope_freqs, Llama 3.1's scaling as llama.cpp stores it) have "
             "no Hugging Face config equivalent; export a checkpoint loaded from Hugging Face instead"
         )
-    return {
+    partial = {} if cfg.rotary_dim is None else {"partial_rotary_factor": cfg.rotary_dim / cfg.head_dim}
+    return partial | {
         "architectures": [architecture],
         "model_type": model_type,
         "vocab_size": cfg.vocab_size,
@@ -270,6 +289,11 @@ def common_hf_config(cfg: LlamaConfig, model_type: str, architecture: str) -> di
 def config_to_hf(cfg: LlamaConfig, model_type: str | None = None) -> dict:
     """A transformers ``config.json`` dict for ``cfg``: as ``model_type`` (refused with ``ValueError`` if that
     type cannot describe the config), or the type ``cfg``'s switches imply when None."""
+    if cfg.rotary_dim is not None:
+        raise ValueError(
+            "export_hf: a partial rotary embedding (rotary_dim) exports as model_type='phi3' only (transformers' "
+            "Llama, Mistral, Qwen and Gemma rotate whole heads)"
+        )
     inferred = _model_type(cfg)
     if model_type not in (None, inferred):
         raise ValueError(f"export_hf: this config is a {inferred!r} model, not model_type={model_type!r}")

@@ -108,7 +108,10 @@ def _llama3(
 def _divisors(head_dim: int, factors, name: str = "rope factors") -> np.ndarray:
     factors = np.asarray(factors, np.float64)
     if factors.shape != (head_dim // 2,) or not np.all(np.isfinite(factors)) or np.any(factors <= 0):
-        raise ValueError(f"{name} must be head_dim // 2 = {head_dim // 2} finite numbers > 0, got {factors!r}")
+        raise ValueError(
+            f"{name} must be {head_dim // 2} finite numbers > 0 (one per frequency: the rotated dimensions // 2), "
+            f"got {factors!r}"
+        )
     return factors
 
 
@@ -229,7 +232,8 @@ def inverse_frequencies(head_dim: int, theta: float, rope_type: str = "default",
 
 def apply_rope(x: jax.Array, positions: jax.Array, rot: Rotation | np.ndarray) -> jax.Array:
     """Rotate ``x [B, T, H, D]`` by ``positions [B, T]`` with ``rot`` (a ``Rotation``, or inverse frequencies);
-    computed in float32, returned in ``x.dtype``."""
+    computed in float32, returned in ``x.dtype``. Frequencies for fewer than ``D`` dimensions (a partial rotary
+    embedding) rotate the first ``2 × len(inv_freq)`` of them, rotate-half within those, and pass the rest."""
     if not isinstance(rot, Rotation):
         rot = Rotation(np.asarray(rot))
     inv_freq = jnp.asarray(rot.inv_freq, jnp.float32)[None, None, :]
@@ -241,8 +245,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, rot: Rotation | np.ndarray) -
     sin = jnp.sin(angles)[:, :, None, :]
     if rot.attention_factor != 1.0:
         cos, sin = cos * rot.attention_factor, sin * rot.attention_factor
+    half = len(rot.inv_freq)
     xf = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    x1, x2 = xf[..., :half], xf[..., half:]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    x1, x2, rest = xf[..., :half], xf[..., half : 2 * half], xf[..., 2 * half :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
     return out.astype(x.dtype)
