@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxspec import dtypes
-from jaxspec.models.rope import ROPE_TYPES, check_rope
+from jaxspec.models.rope import ROPE_TYPES, check_rope, rotation
 
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP activations the Llama module implements (``LlamaConfig.mlp_activation``)
 ARCHITECTURES = {  # model_type -> the transformers class name an export writes
@@ -99,6 +99,7 @@ class LlamaConfig:
             object.__setattr__(self, "rotary_dim", None)
         if self.rotary_dim is not None and (self.rotary_dim % 2 or not 0 < self.rotary_dim < self.head_dim):
             raise ValueError(f"rotary_dim must be even and in (0, head_dim={self.head_dim}], got {self.rotary_dim}")
+        rotation(self.rotary_dim or self.head_dim, self.rope_theta, self.rope_type, **params)  # every check, now
 
     @property
     def jnp_dtype(self):
