@@ -7,10 +7,10 @@ leaf of its params tree. A weight is declared once, with its path, logical axes,
 that one table serves ``jaxspec.hf.load`` (and the GGUF loader), ``jaxspec.export_hf`` and ``jaxspec.sharding``.
 
 Built-in records (``FAMILY`` in each module of ``jaxspec/models/``, all imported on the first lookup):
-``models.llama`` (llama, mistral, qwen2, qwen3, gemma), ``models.phi3`` (the Llama module with fused q/k/v and
-gate/up tensors) and ``models.gpt2``. A new family is one record passed to ``register`` (in a new module of
-``jaxspec/models/`` for a built-in one), which makes ``jaxspec.load`` read its ``model_type``s, ``jaxspec.save``
-checkpoint it and ``jaxspec.export_hf`` write it when it has ``config_to_hf``.
+``models.llama`` (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text), ``models.phi3`` (the Llama module
+with fused q/k/v and gate/up tensors) and ``models.gpt2``. A new family is one record passed to ``register``
+(in a new module of ``jaxspec/models/`` for a built-in one), which makes ``jaxspec.load`` read its
+``model_type``s, ``jaxspec.save`` checkpoint it and ``jaxspec.export_hf`` write it when it has ``config_to_hf``.
 """
 
 from __future__ import annotations
@@ -145,8 +145,11 @@ def first_layers(model: CausalLM, num_layers: int) -> CausalLM | None:
     if family.from_params(cfg, params, name=model.name, **own).apply_fn is not model.apply_fn:  # a wrapped forward
         return None
     kept = layers[:num_layers] if split else jax.tree.map(lambda a: a[:num_layers], layers)
+    changes = {"num_layers": num_layers}
+    if getattr(cfg, "layer_types", ()):  # per-layer attention types (Gemma 2/3): the kept layers'
+        changes["layer_types"] = cfg.layer_types[:num_layers]
     return family.from_params(
-        dataclasses.replace(cfg, num_layers=num_layers),
+        dataclasses.replace(cfg, **changes),
         {**params, "layers": kept},
         name=f"{model.name} (first {num_layers} layers)",
         **own,

@@ -230,12 +230,54 @@ FIXTURES = {
         ),
         {"incremental": 24},
     ),
+    # Gemma 2: norms around each sub-block, a sliding-window layer then a full one (16-token window), attention
+    # scaled by query_pre_attn_scalar (24, not head_dim 16), soft-capped scores and logits (caps small enough to bite)
+    "gemma2_softcap_swa": (
+        transformers.Gemma2Config,
+        transformers.Gemma2ForCausalLM,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+        ),
+        {},
+    ),
+    # Gemma 3 (text): q/k norm, sliding layers with their own RoPE base (100) and a full layer with linear scaling
+    # over another (1000), three layers, 16-token window, query_pre_attn_scalar 24
+    "gemma3_text_swa": (
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForCausalLM,
+        dict(
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        ),
+        {},
+    ),
 }
 
 
 def _perturb(model: torch.nn.Module, gen: torch.Generator) -> None:
     """Random norm scales and biases (the default init makes them ones / zeros, which would hide mapping bugs)."""
-    gemma = model.config.model_type == "gemma"
+    gemma = model.config.model_type.startswith("gemma")  # Gemma 1/2/3 all scale by (1 + w)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ("norm" in name or ".ln_" in name) and not name.endswith(

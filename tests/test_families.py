@@ -22,6 +22,22 @@ CONFIGS = {
         llama.LlamaConfig(**LLAMA),
         llama.LlamaConfig(**LLAMA, qkv_bias=True, o_bias=True, tie_embeddings=True),
         llama.LlamaConfig(**LLAMA, qk_norm=True, head_dim=16, vocab_ids=(1, 5, 9)),
+        # Gemma 3 style: per-layer sliding/full attention, a local RoPE base, sandwich norms, scaled and capped
+        llama.LlamaConfig(
+            **LLAMA,
+            qk_norm=True,
+            norm_offset=1.0,
+            embed_scale=True,
+            mlp_activation="gelu_tanh",
+            tie_embeddings=True,
+            sliding_window=3,
+            layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+            local_rope_theta=100.0,
+            sandwich_norms=True,
+            query_pre_attn_scalar=12.0,
+            attn_softcap=2.0,
+            final_softcap=3.0,
+        ),
     ],
     "phi3": [llama.LlamaConfig(**LLAMA, sliding_window=4), llama.LlamaConfig(**{**LLAMA, "num_kv_heads": 1})],
     "gpt2": [gpt2.GPT2Config(vocab_size=64, hidden_size=32, num_layers=3, num_heads=4)],
@@ -128,7 +144,7 @@ def test_register_makes_a_model_type_loadable(registry, tmp_path):
 @pytest.mark.parametrize(
     "module, cfg",
     [(llama, c) for c in CONFIGS["llama"]] + [(gpt2, CONFIGS["gpt2"][0])],
-    ids=["plain", "biases-tied", "qk-norm-reduced-vocab", "gpt2"],
+    ids=["plain", "biases-tied", "qk-norm-reduced-vocab", "gemma3-layer-types", "gpt2"],
 )
 def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, module, cfg):
     """``from_params`` holds a model's layers split (one tree per layer, its own arrays); ``apply_fn`` gives the same
@@ -177,17 +193,24 @@ RESIDUAL_OUTPUTS = {("attn", "o_proj"), ("mlp", "down_proj"), ("attn", "c_proj")
 
 @pytest.mark.parametrize(
     "module, cfg, split",
-    [(llama, CONFIGS["llama"][1], True), (llama, CONFIGS["llama"][2], False), (gpt2, CONFIGS["gpt2"][0], True)],
-    ids=["llama-split", "llama-stacked-reduced-vocab", "gpt2"],
+    [
+        (llama, CONFIGS["llama"][1], True),
+        (llama, CONFIGS["llama"][2], False),
+        (llama, CONFIGS["llama"][3], False),
+        (gpt2, CONFIGS["gpt2"][0], True),
+    ],
+    ids=["llama-split", "llama-stacked-reduced-vocab", "gemma3-layer-types-stacked", "gpt2"],
 )
 def test_first_layers_is_the_model_with_its_later_layers_silenced(module, cfg, split):
     """``families.first_layers(model, k)`` (what ``gamma="auto"`` times for a deep model) computes what the whole
     model computes when its layers from k on add nothing to the residual stream (their output projections zeroed);
     it shares the model's weights (split layout), keeps its layout and a k-layer cache; None where it cannot be
     built."""
-    cfg = dataclasses.replace(cfg, num_layers=4)
+    types = {"layer_types": cfg.layer_types + ("full_attention",)} if getattr(cfg, "layer_types", ()) else {}
+    cfg = dataclasses.replace(cfg, num_layers=4, **types)
     model = module.from_params(cfg, module.init_params(cfg, seed=5), split_layers=split)
     first = families.first_layers(model, 2)
+    assert getattr(first.config, "layer_types", ()) == getattr(cfg, "layer_types", ())[:2]
     assert first.config.num_layers == 2 and isinstance(first.params["layers"], tuple) == split
     assert first.init_cache(1, 8).k.shape[0] == 2
     if split:

@@ -75,7 +75,9 @@ def head_config(target_cfg: LlamaConfig, *, num_layers: int = 1, vocab_ids=()) -
         raise ValueError(f"an EAGLE head needs a Llama-family target, got {type(target_cfg).__name__}")
     if target_cfg.vocab_ids:
         raise ValueError("an EAGLE head's target must have the full vocabulary (its config has vocab_ids)")
-    return LlamaConfig(**{**_fields(target_cfg), "num_layers": int(num_layers), "vocab_ids": tuple(vocab_ids)})
+    fields = {**_fields(target_cfg), "num_layers": int(num_layers), "vocab_ids": tuple(vocab_ids)}
+    fields["layer_types"] = fields["layer_types"][-1:] * int(num_layers)  # Gemma 2/3: as the target's last layer
+    return LlamaConfig(**fields)
 
 
 def _fields(cfg: LlamaConfig) -> dict:

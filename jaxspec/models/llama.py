@@ -93,6 +93,19 @@ def dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None, 
     )
 
 
+def sliding_layer(cfg: LlamaConfig, layer):
+    """Whether ``layer`` attends through the sliding window: a Python bool (every layer alike, or ``layer`` a
+    Python int: the split layout), or a traced bool (``layer`` traced under the stacked layout's scan)."""
+    if cfg.sliding_window is None:
+        return False
+    if not cfg.layer_types:
+        return True
+    flags = tuple(t == "sliding_attention" for t in cfg.layer_types)
+    if isinstance(layer, int):
+        return flags[layer]
+    return jnp.asarray(flags)[layer]
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention of one layer over ``x [B, T, hidden]`` at ``positions [B, T]``: RoPE, optional
     biases and q/k norm, causal (and sliding-window) mask over the cache written at those positions."""
@@ -112,16 +125,30 @@ class Attention(nn.Module):
             q = rms_norm(cfg, "q_norm")(q)
             k = rms_norm(cfg, "k_norm")(k)
         rot = rotation(cfg.rotary_dim or d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
-        q, k = apply_rope(q, positions, rot), apply_rope(k, positions, rot)
+        sliding = sliding_layer(cfg, layer)  # a Python bool, or a traced one under the stacked layers' scan
+        if cfg.local_rope_theta is not None and sliding is not False:  # Gemma 3: sliding layers' own RoPE base
+            local = rotation(cfg.rotary_dim or d, cfg.local_rope_theta)
+            if sliding is True:
+                q, k = apply_rope(q, positions, local), apply_rope(k, positions, local)
+            else:
+                q, k = (
+                    jnp.where(sliding, apply_rope(t, positions, local), apply_rope(t, positions, rot)) for t in (q, k)
+                )
+        else:
+            q, k = apply_rope(q, positions, rot), apply_rope(k, positions, rot)
         k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
         k_cache, v_cache = k_all[layer], v_all[layer]
 
         q = q.reshape(batch, length, kvh, h // kvh, d)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32) * d**-0.5
+        scale = (cfg.query_pre_attn_scalar or d) ** -0.5
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32) * scale
+        if cfg.attn_softcap is not None:
+            scores = jnp.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         mask = causal_mask(positions, k_cache.shape[1])
-        if cfg.sliding_window is not None:
+        if cfg.sliding_window is not None and sliding is not False:
             slots = jnp.arange(k_cache.shape[1], dtype=positions.dtype)[None, None, :]
-            mask = mask & (slots > positions[:, :, None] - cfg.sliding_window)
+            window = slots > positions[:, :, None] - cfg.sliding_window
+            mask = mask & (window if sliding is True else window | ~sliding)
         mask = mask[:, None, None]
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
@@ -153,8 +180,13 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         x, k_all, v_all = carry
         attn, k_all, v_all = Attention(cfg, name="attn")(rms_norm(cfg, "input_norm")(x), positions, k_all, v_all, layer)
+        if cfg.sandwich_norms:  # Gemma 2/3: each sub-block's output normalized before the residual
+            attn = rms_norm(cfg, "attn_out_norm")(attn)
         x = x + attn
-        x = x + MLP(cfg, name="mlp")(rms_norm(cfg, "post_attn_norm")(x))
+        mlp = MLP(cfg, name="mlp")(rms_norm(cfg, "post_attn_norm")(x))
+        if cfg.sandwich_norms:
+            mlp = rms_norm(cfg, "mlp_out_norm")(mlp)
+        x = x + mlp
         return (x, k_all, v_all), None
 
 
@@ -191,7 +223,10 @@ class Llama(nn.Module):
             logits = embed.attend(x)
         else:
             logits = dense(cfg.embed_rows, "lm_head", cfg)(x)
-        logits = to_full_vocab(cfg, logits.astype(jnp.float32))
+        logits = logits.astype(jnp.float32)
+        if cfg.final_softcap is not None:  # Gemma 2
+            logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        logits = to_full_vocab(cfg, logits)
         return ((logits, x) if hidden == "both" else logits), KVCache(k, v)
 
 
@@ -207,8 +242,15 @@ def weights(cfg: LlamaConfig) -> list[Weight]:
         Weight(("embed", "embedding"), ("vocab", "embed"), "model.embed_tokens.weight"),
         Weight(("final_norm", "scale"), (None,), "model.norm.weight"),
         layer(("input_norm", "scale"), (None,), "input_layernorm.weight"),
-        layer(("post_attn_norm", "scale"), (None,), "post_attention_layernorm.weight"),
     ]
+    if cfg.sandwich_norms:  # Gemma 2/3 name the pre-MLP norm pre_feedforward (post_attention is after attention)
+        out += [
+            layer(("post_attn_norm", "scale"), (None,), "pre_feedforward_layernorm.weight"),
+            layer(("attn_out_norm", "scale"), (None,), "post_attention_layernorm.weight"),
+            layer(("mlp_out_norm", "scale"), (None,), "post_feedforward_layernorm.weight"),
+        ]
+    else:
+        out.append(layer(("post_attn_norm", "scale"), (None,), "post_attention_layernorm.weight"))
     for p, axis in heads.items():
         out.append(layer(("attn", f"{p}_proj", "kernel"), ("embed", axis), f"self_attn.{p}_proj.weight", True))
         if cfg.qkv_bias:

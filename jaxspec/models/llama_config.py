@@ -17,6 +17,8 @@ ARCHITECTURES = {  # model_type -> the transformers class name an export writes
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 
@@ -68,6 +70,16 @@ class LlamaConfig:
     # sampler handles exactly); an input id outside them embeds as one extra learned row. () = the full vocabulary.
     vocab_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False)
     rotary_dim: int | None = None  # RoPE on each head's first `rotary_dim` dimensions only (Phi-4-mini); None: all
+    # Gemma 2/3: per-layer "sliding_attention" / "full_attention" (() = every layer slides when sliding_window is
+    # set, as Mistral), the sliding layers' own RoPE base (Gemma 3; default RoPE), norms after attention and after
+    # the MLP as well as before, attention scaled by query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5), and
+    # tanh soft-capping of attention scores and final logits (None: none)
+    layer_types: tuple[str, ...] = ()
+    local_rope_theta: float | None = None
+    sandwich_norms: bool = False
+    query_pre_attn_scalar: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.vocab_ids, tuple):
@@ -100,6 +112,15 @@ class LlamaConfig:
         if self.rotary_dim is not None and (self.rotary_dim % 2 or not 0 < self.rotary_dim < self.head_dim):
             raise ValueError(f"rotary_dim must be even and in (0, head_dim={self.head_dim}], got {self.rotary_dim}")
         rotation(self.rotary_dim or self.head_dim, self.rope_theta, self.rope_type, **params)  # every check, now
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_types and (
+            len(self.layer_types) != self.num_layers
+            or not set(self.layer_types) <= {"sliding_attention", "full_attention"}
+        ):
+            raise ValueError(
+                f"layer_types must be {self.num_layers} of 'sliding_attention' / 'full_attention', "
+                f"got {self.layer_types}"
+            )
 
     @property
     def jnp_dtype(self):
@@ -216,9 +237,53 @@ def build_config(
     )
 
 
+def _gemma23_config(c: dict, model_type: str, dtype: str) -> LlamaConfig:
+    """Gemma 2 (``gemma2``) and Gemma 3's text model (``gemma3_text``): Gemma's module with sliding-window and
+    full-attention layers (``layer_types``, else transformers' default pattern: every 2nd layer full for Gemma 2,
+    every ``sliding_window_pattern``-th (6) for Gemma 3), norms after attention and after the MLP, attention scaled
+    by ``query_pre_attn_scalar``, soft-capping (Gemma 2), q/k norm and the sliding layers' own RoPE base (Gemma 3:
+    ``rope_parameters["sliding_attention"]`` or ``rope_local_base_freq``, default 10 000)."""
+    gemma3 = model_type == "gemma3_text"
+    layers = int(c.get("num_hidden_layers") or 0)
+    every = 2 if not gemma3 else int(c.get("sliding_window_pattern") or 6)
+    types = c.get("layer_types") or [
+        "sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)
+    ]
+    if c.get("use_bidirectional_attention"):
+        raise ValueError(f"use_bidirectional_attention=True is not supported for {model_type} (causal attention only)")
+    plain = {k: v for k, v in c.items() if k not in ("layer_types", "sliding_window", "use_sliding_window")}
+    rope = c.get("rope_parameters") or {}
+    local_theta = c.get("rope_local_base_freq") or 10000.0
+    if isinstance(rope.get("full_attention"), dict):  # transformers 5: per layer type
+        local = dict(rope.get("sliding_attention") or {})
+        if local.get("rope_type", "default") != "default":
+            raise ValueError(f"{model_type}: sliding layers' rope type {local['rope_type']!r} is not supported")
+        local_theta = local.get("rope_theta") or local_theta
+        plain["rope_parameters"] = rope["full_attention"]
+    if not gemma3:
+        plain.setdefault("rope_theta", 10000.0)
+    elif not plain.get("rope_theta") and not (plain.get("rope_parameters") or {}).get("rope_theta"):
+        plain["rope_theta"] = 1_000_000.0  # Gemma 3's global default
+    cfg = build_config(plain, model_type, dtype, qkv_bias=False, o_bias=False, qk_norm=gemma3, gemma=True)
+    if c.get("attention_bias"):
+        raise ValueError(f"attention_bias=True is not supported for {model_type}")
+    return dataclasses.replace(
+        cfg,
+        sliding_window=c.get("sliding_window"),
+        layer_types=tuple(types),
+        local_rope_theta=float(local_theta) if gemma3 else None,
+        sandwich_norms=True,
+        query_pre_attn_scalar=c.get("query_pre_attn_scalar"),
+        attn_softcap=c.get("attn_logit_softcapping"),
+        final_softcap=c.get("final_logit_softcapping"),
+    )
+
+
 def config_from_hf(c: dict, model_type: str, dtype: str) -> LlamaConfig:
     """``llama`` (``attention_bias``: q/k/v/o biases), ``mistral`` (sliding window), ``qwen2`` (q/k/v biases),
-    ``qwen3`` (q/k norm), ``gemma``."""
+    ``qwen3`` (q/k norm), ``gemma``, ``gemma2`` and ``gemma3_text`` (``_gemma23_config``)."""
+    if model_type in ("gemma2", "gemma3_text"):
+        return _gemma23_config(c, model_type, dtype)
     bias = bool(c.get("attention_bias", False))
     return build_config(
         c,
@@ -236,6 +301,20 @@ def _model_type(cfg: LlamaConfig) -> str:
     """The Hugging Face ``model_type`` that describes ``cfg`` exactly."""
     gemma = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (1.0, True, "gelu_tanh")
     llama_like = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (0.0, False, "silu")
+    gemma23 = (cfg.layer_types, cfg.local_rope_theta, cfg.sandwich_norms, cfg.query_pre_attn_scalar)
+    gemma23 += (cfg.attn_softcap, cfg.final_softcap)
+    if gemma and cfg.sandwich_norms:
+        if cfg.qkv_bias or cfg.o_bias or cfg.qk_norm != (cfg.local_rope_theta is not None):
+            raise ValueError(
+                "export_hf: a Gemma 2/3-style model with attention biases, or with only one of Gemma 3's q/k norm and "
+                "local RoPE base, has no Hugging Face model_type"
+            )
+        return "gemma3_text" if cfg.qk_norm else "gemma2"
+    if gemma23 != ((), None, False, None, None, None):
+        raise ValueError(
+            "export_hf: per-layer attention types, a local RoPE base, soft-capping or query_pre_attn_scalar are "
+            "Gemma 2/3 features (with its norms around each sub-block); this config has no Hugging Face model_type"
+        )
     if gemma:
         if cfg.qk_norm or cfg.sliding_window is not None or cfg.qkv_bias != cfg.o_bias:
             raise ValueError(
@@ -301,8 +380,19 @@ def config_to_hf(cfg: LlamaConfig, model_type: str | None = None) -> dict:
     config = common_hf_config(cfg, inferred, ARCHITECTURES[inferred])
     if inferred in ("llama", "gemma"):
         config["attention_bias"] = cfg.o_bias
-    if inferred == "gemma":
+    if inferred.startswith("gemma"):
         config["hidden_act"] = config["hidden_activation"] = "gelu_pytorch_tanh"
+    if inferred in ("gemma2", "gemma3_text"):
+        config.update(
+            attention_bias=False,
+            sliding_window=cfg.sliding_window,
+            layer_types=list(cfg.layer_types),
+            query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+            attn_logit_softcapping=cfg.attn_softcap,
+            final_logit_softcapping=cfg.final_softcap,
+        )
+    if inferred == "gemma3_text":
+        config["rope_local_base_freq"] = cfg.local_rope_theta
     if inferred == "mistral":
         config["sliding_window"] = cfg.sliding_window
     if inferred == "qwen2":
