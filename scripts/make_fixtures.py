@@ -37,6 +37,17 @@ COMMON = dict(
     pad_token_id=0,
 )
 
+# Gemma 2/3 fixtures: 16-token window, attention scaled by query_pre_attn_scalar 24 (not head_dim 16)
+GEMMA23 = dict(
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    tie_word_embeddings=True,
+    hidden_activation="gelu_pytorch_tanh",
+    rms_norm_eps=1e-6,
+    sliding_window=16,
+    query_pre_attn_scalar=24,
+)
 GPT2_COMMON = dict(vocab_size=VOCAB, initializer_range=WEIGHT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 # name -> (config class, model class, config kwargs, options)
@@ -236,14 +247,7 @@ FIXTURES = {
         transformers.Gemma2Config,
         transformers.Gemma2ForCausalLM,
         dict(
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            tie_word_embeddings=True,
-            hidden_activation="gelu_pytorch_tanh",
-            rms_norm_eps=1e-6,
-            sliding_window=16,
-            query_pre_attn_scalar=24,
+            **GEMMA23,
             attn_logit_softcapping=2.0,
             final_logit_softcapping=3.0,
         ),
@@ -255,15 +259,8 @@ FIXTURES = {
         transformers.Gemma3TextConfig,
         transformers.Gemma3ForCausalLM,
         dict(
+            **GEMMA23,
             num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            tie_word_embeddings=True,
-            hidden_activation="gelu_pytorch_tanh",
-            rms_norm_eps=1e-6,
-            sliding_window=16,
-            query_pre_attn_scalar=24,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             rope_parameters={
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
