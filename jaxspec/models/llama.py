@@ -302,7 +302,7 @@ def features_fn(cfg: LlamaConfig):
 def hidden_and_head(cfg: LlamaConfig, params, tokens, positions, cache):
     """``(hidden [B, T, D], head [D, embed_rows])``: the final hidden states and the LM head matrix (the transposed
     embedding when tied), so a caller can compute logits at a subset of positions (over the embedding rows: map
-    labels with ``to_rows``)."""
+    labels with ``to_rows``; soft-cap them by ``cfg.final_softcap`` where set, as the model does)."""
     module, variables = stack.bind(Llama, cfg, params)
     x, _ = module.apply(variables, tokens, positions, cache, True)
     head = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
