@@ -47,7 +47,15 @@ from jaxspec import dtypes, families
 from jaxspec.model import CausalLM
 
 # GGUF architecture -> the Hugging Face model_type whose family builds it
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "phi3": "phi3"}
+ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+    "phi3": "phi3",
+}
 _PERMUTED_QK = {"llama"}  # converters that reorder q/k rows for llama.cpp's interleaved RoPE
 
 # per-layer GGUF tensor name -> Hugging Face name (after "model.layers.{i}.")
@@ -69,8 +77,16 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 # per-architecture exceptions to _LAYER_NAMES: Phi-3 keeps q/k/v and gate/up fused, as its checkpoints do
+# Gemma 2/3 normalize each sub-block's output too: their ffn_norm is the norm before the MLP
+_GEMMA23_NAMES = {
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 _ARCH_LAYER_NAMES = {
     "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
+    "gemma2": _GEMMA23_NAMES,
+    "gemma3": _GEMMA23_NAMES,
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -311,6 +327,44 @@ def _longrope_scaling(contents: GGUFContents, arch: str, path: Path, need) -> di
     return out
 
 
+def _gemma23_fields(meta: dict, arch: str, config: dict, path: Path) -> dict:
+    """Gemma 2/3's transformers fields as llama.cpp reads its file: the window (``attention.sliding_window``;
+    Gemma 3 without one: no sliding layers), the sliding layers from ``attention.sliding_window_pattern`` (a flag per
+    layer, or every n-th layer full) or llama.cpp's default (every 2nd layer full for Gemma 2, every 6th for Gemma
+    3), soft-capping, the attention scale llama.cpp derives from the size (1/sqrt(head size), 1/sqrt(hidden /
+    heads) for the 27B models: Gemma 2 of 46 layers, Gemma 3 of 62), and Gemma 3's sliding layers' RoPE base
+    (``rope.freq_base_swa``, default 10 000) beside the global one and its scaling."""
+    layers, window = config["num_hidden_layers"], meta.get(f"{arch}.attention.sliding_window")
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise GGUFError(f"{path}: attention.sliding_window_pattern has {len(pattern)} flags for {layers} layers")
+        sliding = [bool(f) for f in pattern]
+    else:
+        every = int(pattern or (2 if arch == "gemma2" else 6))
+        sliding = [every == 0 or i % every < every - 1 for i in range(layers)]
+    if arch == "gemma2":
+        window = window or 4096  # llama.cpp's default for Gemma 2
+    if not window:
+        sliding = [False] * layers
+    big = (arch, layers) in (("gemma2", 46), ("gemma3", 62))
+    out = {
+        "sliding_window": int(window) if window else None,
+        "layer_types": ["sliding_attention" if f else "full_attention" for f in sliding],
+        "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"],
+        "attn_logit_softcapping": meta.get(f"{arch}.attn_logit_softcapping") if arch == "gemma2" else None,
+        "final_logit_softcapping": meta.get(f"{arch}.final_logit_softcapping") or None,
+    }
+    base, swa = config["rope_theta"], meta.get(f"{arch}.rope.freq_base_swa")
+    if arch == "gemma2" and swa is not None and float(swa) != base:
+        raise GGUFError(f"{path}: Gemma 2 with its own sliding layers' RoPE base ({swa}) is not supported")
+    if arch == "gemma3":
+        full = {**(config.pop("rope_scaling", None) or {"rope_type": "default"}), "rope_theta": base}
+        local = {"rope_type": "default", "rope_theta": float(swa) if swa is not None else 10000.0}
+        out["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
+    return out
+
+
 def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
     """A Hugging Face style ``config.json`` dict from the GGUF metadata and tensor table."""
     meta = contents.fields
@@ -356,7 +410,7 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
         "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
-        "hidden_act": "gelu_pytorch_tanh" if arch == "gemma" else "silu",
+        "hidden_act": "gelu_pytorch_tanh" if arch.startswith("gemma") else "silu",
     }
     scaling = meta.get(f"{arch}.rope.scaling.type")
     longrope = sorted(set(_ROPE_TENSORS[1:]) & tensor_names)
@@ -377,6 +431,8 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
             config["partial_rotary_factor"] = rope_dims / head_dim
         window = int(meta.get("phi3.attention.sliding_window") or 0)  # 0: none (llama.cpp's mark for Phi-4)
         config["sliding_window"] = window or None
+    if arch in ("gemma2", "gemma3"):
+        config.update(_gemma23_fields(meta, arch, config, path))
     if arch == "qwen2":
         config["attention_bias"] = True
     elif "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_output.bias" in tensor_names:
@@ -450,7 +506,7 @@ class _Tensors:
         if self.arch in _PERMUTED_QK and name.endswith(_PERMUTED_NAMES):
             heads = self.config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
             w = _unpermute(w, heads)
-        if self.arch == "gemma" and name.endswith("norm.weight"):
+        if self.arch.startswith("gemma") and name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp folds Gemma's (1 + w) into the stored weight
         return w
 

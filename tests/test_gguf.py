@@ -1,7 +1,9 @@
 """GGUF loading (jaxspec.gguf_file): parity with transformers' own GGUF loading on tiny files in every
-quantization type (fixtures written by scripts/make_gguf_fixtures.py in a torch venv), config from metadata,
-and clear errors for damaged files, unknown architectures and unsupported variants."""
+quantization type (fixtures written by scripts/make_gguf_fixtures.py in a torch venv), with llama.cpp's own logits
+where llama.cpp reads a file differently from transformers' config (Gemma 2/3: scripts/make_llama_cpp_logits.py),
+config from metadata, and clear errors for damaged files, unknown architectures and unsupported variants."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -13,6 +15,7 @@ import pytest
 
 import jaxspec
 from jaxspec import gguf_file, named
+from jaxspec.models import llama
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
 MANIFEST = {f["name"]: f for f in json.loads((FIXTURES / "manifest.json").read_text())["fixtures"]}
@@ -649,3 +652,25 @@ def test_a_llama_gguf_whose_head_size_is_not_hidden_over_heads_loads(tmp_path):
     mla = _write_hf_as_gguf(tmp_path / "mla.gguf", "mistral_swa", meta={"llama.attention.value_length": 8})
     with pytest.raises(gguf_file.GGUFError, match="value_length 8 != key_length 16"):
         jaxspec.load(mla, tokenizer=False)
+
+
+@pytest.mark.parametrize("arch, fixture", [("gemma2", "gemma2_softcap_swa"), ("gemma3", "gemma3_text_swa")])
+def test_gemma2_and_gemma3_gguf_match_llama_cpp(arch, fixture):
+    """Gemma 2 and Gemma 3 GGUF files (the HF fixtures as llama.cpp's converter writes them) give llama.cpp's own
+    logits (``scripts/make_llama_cpp_logits.py``; within 3e-3: llama.cpp's GELU goes through a float16 table), over
+    56 positions: sliding and full layers, norms stored as 1 + w around each sub-block, Gemma 2's soft-capping,
+    Gemma 3's q/k norm, sliding layers' RoPE base and linear scaling of the full layers, and the attention scale
+    llama.cpp takes from the head size. Negative controls: the transformers checkpoint itself (attention scaled by
+    its query_pre_attn_scalar 24, not 16) and, for Gemma 3, every layer sliding (llama.cpp's default pattern
+    without the file's per-layer flags) do not."""
+    ids = np.load(HF_FIXTURES / fixture / "expected.npz")["ids"]
+    reference = np.load(FIXTURES / "llama_cpp_logits.npz")[arch]
+    model = jaxspec.load(FIXTURES / f"{arch}_f32.gguf")
+    assert model.config.sandwich_norms and model.config.query_pre_attn_scalar == 16
+    np.testing.assert_allclose(np.asarray(model.logits(ids)), reference, atol=3e-3, rtol=0)
+    hf = jaxspec.load(HF_FIXTURES / fixture, tokenizer=False)
+    assert np.abs(np.asarray(hf.logits(ids)) - reference).max() > 0.1
+    if arch == "gemma3":
+        cfg = dataclasses.replace(model.config, layer_types=("sliding_attention",) * 3)
+        all_sliding = llama.from_params(cfg, model.params)
+        assert np.abs(np.asarray(all_sliding.logits(ids)) - reference).max() > 0.05
