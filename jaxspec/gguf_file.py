@@ -14,6 +14,9 @@ Face names, so the model is built by the same family record (``jaxspec.families`
   projections for its interleaved RoPE; they are permuted back.
 - ``qwen2`` (q/k/v biases), ``qwen3`` (q/k RMSNorm): not permuted (llama.cpp uses the NeoX RoPE layout there).
 - ``gemma``: llama.cpp stores RMSNorm weights as 1 + w; w is recovered.
+- ``gemma2``, ``gemma3`` (text): the same, with norms after each sub-block, read as llama.cpp reads them
+  (``_gemma23_fields``: the sliding layers, window, soft-capping, the attention scale from the head size, Gemma 3's
+  sliding layers' RoPE base).
 - ``phi3`` (Phi-3 mini/medium, Phi-3.5, Phi-4, Phi-4-mini): q/k/v and gate/up stay fused, as in Phi-3's own
   checkpoints; the sliding window from ``phi3.attention.sliding_window`` (0: none); LongRoPE (128k files:
   ``rope_factors_short`` and ``rope_factors_long`` tensors, ``rope.scaling.attn_factor``) as transformers'
