@@ -270,9 +270,7 @@ def train_step_fn(cfg: llama.LlamaConfig):
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
         x, head = llama.hidden_and_head(cfg, params, tokens, positions, init_cache(*tokens.shape))
         h = jnp.take_along_axis(x, select[:, :, None], axis=1)  # [B, S, D]
-        logits = jnp.einsum("bsd,dv->bsv", h, head, preferred_element_type=jnp.float32)
-        if cfg.final_softcap is not None:  # as the model's own logits (Gemma 2)
-            logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        logits = llama.soft_cap(cfg, jnp.einsum("bsd,dv->bsv", h, head, preferred_element_type=jnp.float32))
         labels = jnp.take_along_axis(tokens, jnp.minimum(select + 1, tokens.shape[1] - 1), axis=1)
         if cfg.vocab_ids:  # a reduced vocabulary: labels as rows; ids outside it are not trained on
             labels = llama.to_rows(cfg, labels)

@@ -362,9 +362,11 @@ def _gemma23_fields(meta: dict, arch: str, config: dict, path: Path) -> dict:
     if arch == "gemma2" and swa is not None and float(swa) != base:
         raise GGUFError(f"{path}: Gemma 2 with its own sliding layers' RoPE base ({swa}) is not supported")
     if arch == "gemma3":
-        full = {**(config.pop("rope_scaling", None) or {"rope_type": "default"}), "rope_theta": base}
+        full = {**(config.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": base}
         local = {"rope_type": "default", "rope_theta": float(swa) if swa is not None else 10000.0}
+        # the scaling read above applies to the full-attention layers only: it moves into their parameters
         out["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
+        out["rope_scaling"] = None
     return out
 
 

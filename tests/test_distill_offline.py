@@ -199,3 +199,30 @@ def test_reduced_vocabulary_draft_trains_and_speculates_exactly_greedy(tmp_path,
         d.parse_spec("target_layers=2,hidden=64")
     with pytest.raises(ValueError, match="--data"):
         d.make_draft(target, None, vocab=10)
+
+
+def test_training_loss_is_the_models_own_soft_capped_nll():
+    """The offline loss computes the LM head at chosen positions itself; for a soft-capped model (Gemma 2) it
+    caps as the model's forward does: at learning rate 0 it equals the NLL of the model's own logits. Negative
+    control: the same weights without the cap give another loss."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from jaxspec import families
+
+    cfg = tiny_config(final_softcap=0.5, init_std=0.3)
+    model = llama.init(cfg, seed=0)
+    params = families.stack_layers(model.params)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 16)), jnp.int32)
+    select, weight = jnp.arange(15)[None], jnp.ones((1, 15))
+    schedule = jnp.asarray([0.0, 1.0, 10.0], jnp.float32)
+
+    def loss(c):
+        opt_state = d.make_optimizer(0.0, 1.0, 10.0).init(params)
+        return float(d.train_step_fn(c)(params, opt_state, tokens, select, weight, schedule)[2])
+
+    logp = np.asarray(jax.nn.log_softmax(model.logits(tokens), -1))[0]
+    nll = -np.mean([logp[t, int(tokens[0, t + 1])] for t in range(15)])
+    assert loss(cfg) == pytest.approx(nll, rel=1e-5)
+    assert abs(loss(dataclasses.replace(cfg, final_softcap=None)) - nll) > 0.1

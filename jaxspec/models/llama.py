@@ -53,6 +53,13 @@ def to_full_vocab(cfg: LlamaConfig, logits: jax.Array) -> jax.Array:
     return jnp.take(logits, jnp.asarray(_row_of(cfg)), axis=-1)
 
 
+def soft_cap(cfg: LlamaConfig, logits: jax.Array) -> jax.Array:
+    """Logits over the embedding rows, tanh soft-capped by ``cfg.final_softcap`` (Gemma 2), else as they are."""
+    if cfg.final_softcap is None:
+        return logits
+    return jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+
+
 def to_rows(cfg: LlamaConfig, tokens: jax.Array) -> jax.Array:
     """Full-vocabulary ids -> embedding rows (identity without vocab_ids)."""
     return jnp.take(jnp.asarray(_row_of(cfg)), tokens, axis=0) if cfg.vocab_ids else tokens
@@ -223,10 +230,7 @@ class Llama(nn.Module):
             logits = embed.attend(x)
         else:
             logits = dense(cfg.embed_rows, "lm_head", cfg)(x)
-        logits = logits.astype(jnp.float32)
-        if cfg.final_softcap is not None:  # Gemma 2
-            logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-        logits = to_full_vocab(cfg, logits)
+        logits = to_full_vocab(cfg, soft_cap(cfg, logits.astype(jnp.float32)))
         return ((logits, x) if hidden == "both" else logits), KVCache(k, v)
 
 
@@ -302,7 +306,7 @@ def features_fn(cfg: LlamaConfig):
 def hidden_and_head(cfg: LlamaConfig, params, tokens, positions, cache):
     """``(hidden [B, T, D], head [D, embed_rows])``: the final hidden states and the LM head matrix (the transposed
     embedding when tied), so a caller can compute logits at a subset of positions (over the embedding rows: map
-    labels with ``to_rows``; soft-cap them by ``cfg.final_softcap`` where set, as the model does)."""
+    labels with ``to_rows``; ``soft_cap`` them as the model does)."""
     module, variables = stack.bind(Llama, cfg, params)
     x, _ = module.apply(variables, tokens, positions, cache, True)
     head = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
