@@ -2,7 +2,8 @@
 
 Public API: ``CausalLM`` (the model contract), ``generate`` and ``stream`` (plain or speculative decoding),
 ``Engine`` (continuous batching over many requests, results yielded as rows finish), ``Drafter`` (the drafter
-protocol; ``PromptLookup`` is one; ``eagle.EagleDrafter`` drafts from the target's hidden states),
+protocol; ``PromptLookup`` is one; ``eagle.EagleDrafter`` drafts from the target's hidden states; ``LookupFirst``
+copies where prompt lookup matches and drafts with another drafter elsewhere),
 ``models.llama`` (a built-in Llama-family decoder), ``load`` (jaxspec orbax checkpoints and Hugging Face
 safetensors directories), ``save`` (orbax) and ``export_hf``; ``sharding`` (meshes, ``shard``, ``plan``) and
 ``multihost`` (``share_prompts``) for generation across devices and processes; ``enable_compilation_cache`` (compiled
@@ -18,7 +19,7 @@ from jaxspec import eagle, multihost, policy, sharding
 from jaxspec.checkpoint import load, save  # noqa: E402
 from jaxspec.compile_cache import enable_compilation_cache
 from jaxspec.distill import distill
-from jaxspec.drafters import Drafter, PromptLookup
+from jaxspec.drafters import Drafter, LookupFirst, PromptLookup
 from jaxspec.engine import Engine, EngineStats, RowResult  # noqa: E402
 from jaxspec.generate import Stream, generate, stream  # noqa: E402
 from jaxspec.hf_export import export_hf
@@ -33,6 +34,7 @@ __all__ = [
     "Engine",
     "EngineStats",
     "GenerationResult",
+    "LookupFirst",
     "NonFiniteLogitsError",
     "PromptLookup",
     "RowResult",

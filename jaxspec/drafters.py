@@ -1,5 +1,6 @@
 """Drafters: what proposes the γ tokens of a round. One small protocol (``Drafter``), three implementations:
-``ModelDrafter`` (a draft ``CausalLM``), ``PromptLookup`` (copying n-grams) and ``NoDraft`` (plain decoding).
+``ModelDrafter`` (a draft ``CausalLM``), ``PromptLookup`` (copying n-grams), ``NoDraft`` (plain decoding), and one
+combination, ``LookupFirst`` (prompt lookup where it finds a match, another drafter elsewhere).
 
 The protocol (a drafter is static and hashable: it is part of the compiled loop's key; its weights, if any, are
 passed in as the traced ``params``):
@@ -16,6 +17,15 @@ verification and runs a plain round instead (one target pass over one token, cos
 pass over γ+1 tokens), so a drafter with nothing to offer costs nothing; when some row proposes, every row is
 verified as usual. A drafter that may abstain must cope with rounds it took no part in (rows that grew by one
 token since its last proposal); prompt lookup, stateless, does.
+
+Rows of different lengths: a drafter may instead set ``Proposal.lengths`` (``[B] int32``, each row's real drafts,
+``<= γ``) and declare the widths a round may verify (``verify_widths(γ)``, static). The loop verifies over the
+smallest declared width that holds every running row's drafts (``lax.switch``: one target pass over that many
+drafts plus one token), and the rejection sampler never accepts a row's drafts past its length (its bonus token
+comes from the target's distribution right after them), so each row is verified as a round of its own γ would.
+Catching up: a drafter handed γ keys may find up to γ+1 new tokens since its last call, some of them its own
+drafts; ``catching_up(n)`` returns a copy that copes with up to ``n`` new tokens none of which it drafted
+(``LookupFirst`` asks its fallback for that: a copied round may verify more tokens than the fallback drafts).
 
 Drafting from the target's hidden states (``features = True``, e.g. ``jaxspec.eagle.EagleDrafter``): the loop
 runs the target through the drafter's ``target_features(params, tokens, positions, cache) -> (logits, hidden,
@@ -57,6 +67,9 @@ class Proposal(NamedTuple):
       bad: ``[B] bool``: non-finite logits in a drafting step (always False for drafters without a model).
       proposed: ``[B] bool``: rows with a real proposal; None (the default): every row. When no running row
         proposes, the loop runs a plain round instead of verifying (the module docstring).
+      lengths: ``[B] int32``: each row's real drafts (the first ``lengths[b]`` of ``tokens[b]``; q is zero past
+        them); None (the default): γ for every row. The round verifies over the smallest of the drafter's
+        ``verify_widths`` that holds every running row's (the module docstring).
     """
 
     tokens: jax.Array
@@ -64,6 +77,7 @@ class Proposal(NamedTuple):
     state: Any
     bad: jax.Array
     proposed: jax.Array | None = None
+    lengths: jax.Array | None = None
 
 
 class Drafter:
@@ -93,6 +107,18 @@ class Drafter:
     def check_target(self, target) -> None:
         """Raise ``ValueError`` if this drafter cannot draft for ``target`` (checked before compiling)."""
 
+    def verify_widths(self, gamma: int) -> tuple[int, ...]:
+        """The numbers of drafts a round of this drafter at ``gamma`` may verify (``Proposal.lengths``), ascending
+        and ending with ``gamma``; each is one compiled target pass. Drafters that propose γ drafts for every row
+        need only ``(gamma,)``."""
+        return (gamma,)
+
+    def catching_up(self, new: int) -> Drafter:
+        """This drafter, able to resume after up to ``new`` verified tokens since its last call that it did not
+        necessarily draft itself. Stateless drafters (and those that re-read every verified token) return
+        themselves."""
+        return self
+
 
 def bad_logits(logits: jax.Array) -> jax.Array:
     """NaN or +inf anywhere, or no finite logit at all (reduces the last axis)."""
@@ -117,13 +143,14 @@ class ModelDrafter(Drafter):
     """A draft ``CausalLM`` (its ``apply_fn`` and ``init_cache``; the weights come in as ``params``).
 
     Its state is its KV cache. It holds valid entries for positions ``0 .. length-3`` at least; each round's first
-    step feeds the two newest tokens ``(length-2, length-1)``, then γ-1 one-token steps, each token sampled from
-    the warped draft logits with the round's keys.
+    step feeds the two newest tokens ``(length-2, length-1)`` (the ``catch_up`` newest, if more), then γ-1
+    one-token steps, each token sampled from the warped draft logits with the round's keys.
     """
 
     apply_fn: Callable
     init_cache: Callable
     name: str = "draft"
+    catch_up: int = 0
 
     @classmethod
     def of(cls, model) -> ModelDrafter:
@@ -134,18 +161,22 @@ class ModelDrafter(Drafter):
         """A fresh KV cache (``init_cache(batch, cache_len)``)."""
         return self.init_cache(batch, cache_len)
 
+    def catching_up(self, new: int) -> ModelDrafter:
+        """A copy whose first step feeds (at least) the ``new`` newest tokens."""
+        return dataclasses.replace(self, catch_up=max(self.catch_up, new))
+
     def prefill(self, params, prompt, positions, state):
         """The cache after a forward pass over the prompt."""
         return self.apply_fn(params, prompt, positions, state)[1]
 
     def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
-        """γ draft-model steps (the first over the two newest tokens)."""
+        """γ draft-model steps (the first over the two newest tokens, or the ``catch_up`` newest)."""
         gamma = keys.shape[1]
-        rows = jnp.arange(tokens.shape[0])
+        rows = jnp.arange(tokens.shape[0])[:, None]
         pos_last = length - 1
-        pos_prev = jnp.maximum(length - 2, 0)
-        toks = jnp.stack([tokens[rows, pos_prev], tokens[rows, pos_last]], axis=1)
-        logits, cache = self.apply_fn(params, toks, jnp.stack([pos_prev, pos_last], axis=1), state)
+        feed = max(2, self.catch_up)
+        fed = jnp.maximum(length[:, None] - feed + jnp.arange(feed, dtype=jnp.int32), 0)
+        logits, cache = self.apply_fn(params, tokens[rows, fed], fed, state)
         q0 = warp(logits[:, -1], sampling)
         d1 = jax.vmap(sample)(keys[:, 0], q0)
         bad = bad_logits(logits[:, -1])
@@ -226,12 +257,138 @@ class PromptLookup(Drafter):
         idx = jnp.where(best_start[:, None] >= 0, idx, length[:, None] - 1)
         return jnp.take_along_axis(tokens, jnp.clip(idx, 0, size - 1), axis=1), best_start >= 0
 
+    def verify_widths(self, gamma: int) -> tuple[int, ...]:
+        """``(0, gamma)`` when it abstains (a plain step or a verify pass), else ``(gamma,)``."""
+        return (0, gamma) if self.abstain else (gamma,)
+
     def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
         """``lookup``'s γ tokens with a one-hot q (a deterministic proposal); with ``abstain``, rows without a
         match are marked as proposing nothing."""
         drafts, found = self.lookup(tokens, length, keys.shape[1])
         q = jax.nn.one_hot(drafts, vocab_size, dtype=jnp.float32)
         return Proposal(drafts, q, state, jnp.zeros((tokens.shape[0],), bool), found if self.abstain else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupFirst(Drafter):
+    """Prompt lookup for the rows where it finds an n-gram, another drafter (a draft model, an EAGLE head) for the
+    others, row by row in every round.
+
+        head = jaxspec.eagle.load("jaxspec/smollm2-eagle", target)
+        jaxspec.generate(target, prompts, draft=jaxspec.LookupFirst(head), gamma=4)   # lookup γ 4, head γ 2
+
+    A copied continuation is accepted often where the output repeats its context (code that restates a
+    signature, extraction, edits) and costs no model pass, so those rows verify the call's γ copied tokens; the
+    other rows verify ``draft_gamma`` of the fallback's drafts (its own default γ unless set, at most γ). The round
+    verifies over the wider of the two only when some running row copies (``Proposal.lengths``; at batch 1 each
+    round is one or the other). Exact as each drafter alone: a copied draft's q is one-hot, a drafted one's is
+    the fallback's. The fallback drafts in every round, so its state follows every verified token (it catches up
+    on up to γ+1 new tokens it did not draft, ``catching_up``).
+
+    Attributes:
+      drafter: the fallback: a draft ``CausalLM`` (drafted with its ``apply_fn``; its weights become ``params``)
+        or a ``Drafter`` (its ``params`` attribute, if any, likewise).
+      lookup: the ``PromptLookup`` tried first (its ``abstain`` is not used: a row without a match drafts with
+        the fallback).
+      draft_gamma: the fallback's drafts per round; None: its ``default_gamma``. Capped at the call's γ.
+      params: the fallback's weights (set from ``drafter``; passed to the loop traced, not part of the key).
+      name: for messages and statistics.
+    """
+
+    drafter: Any
+    lookup: PromptLookup = PromptLookup()
+    draft_gamma: int | None = None
+    params: Any = dataclasses.field(default=None, compare=False, repr=False)
+    name: str = ""
+    vocab_size: int | None = dataclasses.field(default=None, compare=False, repr=False)
+    default_gamma: ClassVar[int] = 4
+
+    def __post_init__(self):
+        from jaxspec.model import CausalLM  # the model module does not import drafters; this one stays light
+
+        fallback = self.drafter
+        if isinstance(fallback, CausalLM):
+            object.__setattr__(self, "params", fallback.params)
+            object.__setattr__(self, "vocab_size", fallback.vocab_size)
+            object.__setattr__(self, "drafter", ModelDrafter.of(fallback))
+        elif isinstance(fallback, Drafter) and not isinstance(fallback, (NoDraft, PromptLookup, LookupFirst)):
+            object.__setattr__(self, "params", getattr(fallback, "params", None))
+        else:
+            raise ValueError(
+                "LookupFirst(drafter=...) must be a draft jaxspec.CausalLM or a model-backed jaxspec.Drafter "
+                f"(e.g. an EAGLE head), got {fallback!r}"
+            )
+        if not isinstance(self.lookup, PromptLookup):
+            raise ValueError(f"LookupFirst(lookup=...) must be a jaxspec.PromptLookup, got {self.lookup!r}")
+        g = self.draft_gamma
+        if g is not None and (not isinstance(g, int) or isinstance(g, bool) or g < 1):
+            raise ValueError(f"LookupFirst(draft_gamma=...) must be None or an int >= 1, got {g!r}")
+        if not self.name:
+            object.__setattr__(self, "name", f"lookup+{self.drafter.name}")
+
+    @property
+    def features(self) -> bool:
+        """The fallback's: True when it drafts from the target's hidden states."""
+        return self.drafter.features
+
+    @property
+    def target_features(self) -> Callable:
+        """The fallback's target pass with hidden states (``features`` drafters only)."""
+        return self.drafter.target_features
+
+    def fallback_gamma(self, gamma: int) -> int:
+        """The fallback's drafts per round in a call at ``gamma``."""
+        return min(self.draft_gamma or self.drafter.default_gamma, gamma)
+
+    def verify_widths(self, gamma: int) -> tuple[int, ...]:
+        """The fallback's widths at its γ, and ``gamma``."""
+        return tuple(sorted({*self.drafter.verify_widths(self.fallback_gamma(gamma)), gamma}))
+
+    def init_state(self, batch: int, cache_len: int) -> Any:
+        """The fallback's state."""
+        return self.drafter.init_state(batch, cache_len)
+
+    def prefill(self, params, prompt, positions, state) -> Any:
+        """The fallback's state after the prompt."""
+        return self.drafter.prefill(params, prompt, positions, state)
+
+    def observe(self, state, feats, positions) -> Any:
+        """The fallback's state after the target's hidden states."""
+        return self.drafter.observe(state, feats, positions)
+
+    def check_target(self, target) -> None:
+        """The fallback's check; a draft model must share the target's vocabulary."""
+        if self.vocab_size is not None and self.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"draft vocab_size ({self.vocab_size}) != target vocab_size ({target.vocab_size}); "
+                "draft and target must share one vocabulary"
+            )
+        self.drafter.check_target(target)
+
+    def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
+        """γ copied tokens where the lookup matches, else the fallback's drafts (padded to γ, q zero past them)."""
+        batch, gamma = keys.shape[:2]
+        g = self.fallback_gamma(gamma)
+        fallback = self.drafter.catching_up(gamma + 1).draft(
+            params, state, tokens, length, sampling, keys[:, :g], vocab_size
+        )
+        copied, found = self.lookup.lookup(tokens, length, gamma)
+        pad = gamma - g
+        drafted = jnp.pad(fallback.tokens, ((0, 0), (0, pad)))
+        q_drafted = jnp.pad(fallback.q, ((0, 0), (0, pad), (0, 0)))
+        if fallback.lengths is not None:
+            own = fallback.lengths
+        elif fallback.proposed is not None:
+            own = jnp.where(fallback.proposed, g, 0)
+        else:
+            own = jnp.full((batch,), g, jnp.int32)
+        return Proposal(
+            tokens=jnp.where(found[:, None], copied, drafted),
+            q=jnp.where(found[:, None, None], jax.nn.one_hot(copied, vocab_size, dtype=jnp.float32), q_drafted),
+            state=fallback.state,
+            bad=fallback.bad & ~found,
+            lengths=jnp.where(found, gamma, own).astype(jnp.int32),
+        )
 
 
 def as_drafter(draft):

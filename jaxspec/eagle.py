@@ -63,6 +63,8 @@ class EagleDrafter(Drafter):
       name: for messages and statistics.
       temperature_scale: the head drafts at the call's temperature times this (a finite number > 0; q changes,
         the output's distribution does not). Part of the compiled program: another value compiles anew.
+      catch_up: the first pass reads at least this many of the newest verified pairs (``catching_up``: for rounds
+        that may have verified more than γ+1 tokens since the head last drafted, as under ``LookupFirst``).
     """
 
     config: llama.LlamaConfig
@@ -70,6 +72,7 @@ class EagleDrafter(Drafter):
     params: Any = dataclasses.field(default=None, compare=False, repr=False)
     name: str = "eagle"
     temperature_scale: float = 1.0
+    catch_up: int = 0
     features = True
     # A head's acceptance falls along a draft (its later steps read its own features): SmolLM2's head accepts
     # 0.64 then 0.49 on HumanEval, so γ = 2 bounds highest, at v = 1.3 on CPU (1.35× against 1.16× at γ = 4) and
@@ -92,6 +95,10 @@ class EagleDrafter(Drafter):
         shared = eagle_model.shared_params(cfg, target.params)
         own = families.split_layers({k: own[k] for k in eagle_model.OWN})
         return cls(cfg, target.config, {**own, **shared}, name, temperature_scale)
+
+    def catching_up(self, new: int) -> EagleDrafter:
+        """A copy whose window pass reads (at least) the ``new`` newest verified pairs."""
+        return dataclasses.replace(self, catch_up=max(self.catch_up, new))
 
     def _sampling(self, sampling):
         """The call's sampling parameters at the head's temperature (``temperature × temperature_scale``)."""
@@ -125,13 +132,15 @@ class EagleDrafter(Drafter):
         return dataclasses.replace(state, cache=cache)
 
     def draft(self, params, state: EagleState, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
-        """A window pass over the γ+1 newest verified pairs, then γ-1 steps on the head's own features."""
+        """A window pass over the γ+1 newest verified pairs (the ``catch_up`` newest, if more), then γ-1 steps on
+        the head's own features."""
         apply_fn, _ = eagle_model.head_fns(self.config)
         sampling = self._sampling(sampling)
         gamma = keys.shape[1]
         batch, size = tokens.shape
         rows = jnp.arange(batch)[:, None]
-        window = jnp.maximum(length[:, None] - 2 - gamma + jnp.arange(gamma + 1, dtype=jnp.int32)[None], 0)
+        reach = max(gamma, self.catch_up - 1)  # the window holds reach + 1 pairs
+        window = jnp.maximum(length[:, None] - 2 - reach + jnp.arange(reach + 1, dtype=jnp.int32)[None], 0)
         following = tokens[rows, jnp.minimum(window + 1, size - 1)]
         logits, feats, cache = apply_fn(params, following, state.feats[rows, window], window, state.cache)
         q0 = warp(logits[:, -1], sampling)

@@ -101,7 +101,9 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     every field but the caches (the passes still run over them: they re-feed their last tokens, or hit stale slots).
 
     When the drafter marks which rows propose (``Proposal.proposed``) and no running row does, the round is a plain
-    step instead (``lax.cond``): one target pass over ``[last]``, one token per row, no drafts counted."""
+    step instead (``lax.cond``): one target pass over ``[last]``, one token per row, no drafts counted. When it gives
+    each row's number of drafts (``Proposal.lengths``), the round verifies over the smallest of its
+    ``verify_widths`` that holds every running row's drafts (``lax.switch``), each row up to its own length."""
     gamma = spec.gamma
     round_keys = jax.vmap(lambda k, r: jax.random.split(jax.random.fold_in(k, r), gamma + 1))(
         state.row_keys, state.rounds
@@ -115,6 +117,19 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
         round_keys[:, :gamma],
         spec.vocab_size,
     )
+    if gamma > 0 and proposal.lengths is not None:
+        widths = sorted({w for w in spec.drafter.verify_widths(gamma) if 0 <= w < gamma} | {gamma})
+        lengths = jnp.clip(proposal.lengths, 0, gamma)
+        need = jnp.max(jnp.where(state.done, 0, lengths))
+        index = jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < need)  # the smallest width >= need
+
+        def verify_at(width):
+            cut = proposal._replace(tokens=proposal.tokens[:, :width], q=proposal.q[:, :width])
+            return lambda s: _verify(spec, target_params, s, cut, round_keys, jnp.minimum(lengths, width))
+
+        if len(widths) == 1:
+            return verify_at(gamma)(state)
+        return jax.lax.switch(index, [verify_at(w) for w in widths], state)
     if gamma == 0 or proposal.proposed is None:
         return _verify(spec, target_params, state, proposal, round_keys)
     plain = proposal._replace(tokens=proposal.tokens[:, :0], q=proposal.q[:, :0])
@@ -126,10 +141,12 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     )
 
 
-def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys) -> State:
+def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, limits=None) -> State:
     """The rest of a round: the target pass over ``[last, proposal's drafts]`` (no drafts: a plain step), the
     rejection sampler, the emitted tokens and the counters (drafts and the accept histogram only for a round that
-    verified all γ drafts, or for plain decoding's rounds)."""
+    verified all γ drafts, or for plain decoding's rounds). ``limits`` (``[B] int32`` or None): each row's real
+    drafts among them; drafts past a row's limit are never accepted nor counted, and only rows verified over all
+    γ drafts enter the histogram."""
     gamma, size = proposal.tokens.shape[1], spec.cache_len
     batch = state.tokens.shape[0]
     rows = jnp.arange(batch)
@@ -146,7 +163,12 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys) -
         draft_state = spec.drafter.observe(draft_state, feats, positions)
     logits = logits.astype(jnp.float32)
     p = warp(logits, state.sampling)
-    n, nxt = spec.acceptance(round_keys[:, spec.gamma], drafts, q, p)
+    if limits is None:
+        n, nxt = spec.acceptance(round_keys[:, spec.gamma], drafts, q, p)
+        drafted, full_rows = jnp.full((batch,), gamma, jnp.int32), active
+    else:
+        n, nxt = spec.acceptance(round_keys[:, spec.gamma], drafts, q, p, limits)
+        drafted, full_rows = limits, active & (limits == spec.gamma)
 
     # Emitted tokens: d_1..d_n then the correction/bonus token.
     cand = jnp.where(offsets[None] < n[:, None], jnp.concatenate([drafts, nxt[:, None]], axis=1), nxt[:, None])
@@ -189,10 +211,14 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys) -
         done=finish != RUNNING,
         finish=finish,
         rounds=state.rounds + active_i,
-        drafted=state.drafted + gamma * active_i,
+        drafted=state.drafted + drafted * active_i,
         accepted=state.accepted + n * active_i,
         accept_hist=state.accept_hist
-        + (active_i[:, None] * jax.nn.one_hot(n, gamma + 1, dtype=jnp.int32) if gamma == spec.gamma else 0),
+        + (
+            full_rows.astype(jnp.int32)[:, None] * jax.nn.one_hot(n, gamma + 1, dtype=jnp.int32)
+            if gamma == spec.gamma
+            else 0
+        ),
         bad_target=bad_target,
         bad_draft=state.bad_draft | (active & bad_draft),
         target_cache=target_cache,

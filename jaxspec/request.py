@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from jaxspec import sharding
 from jaxspec.acceptance import RejectionSampler
-from jaxspec.drafters import Drafter, PromptLookup, as_drafter
+from jaxspec.drafters import Drafter, LookupFirst, PromptLookup, as_drafter
 from jaxspec.model import CausalLM
 from jaxspec.policy import AutoGamma
 
@@ -285,6 +285,12 @@ def make_request(
         raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
     if auto and draft is None and lookup is None:
         raise ValueError("gamma='auto' needs a draft (a model or 'prompt_lookup') to decide between")
+    if auto and isinstance(lookup, LookupFirst):
+        raise ValueError(
+            "gamma='auto' is not supported with a LookupFirst drafter (its rounds mix two drafters' costs, which "
+            "the policy's cost model does not describe); pass gamma=<int> (the copied drafts; the fallback drafts "
+            "its own draft_gamma)"
+        )
     if policy is not None and not isinstance(policy, AutoGamma):
         raise ValueError(f"policy must be a jaxspec.policy.AutoGamma or None, got {policy!r}")
     temperature = check_sampling(temperature, "temperature")

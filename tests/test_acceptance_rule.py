@@ -74,3 +74,63 @@ def test_gamma_zero_is_plain_sampling():
         jax.random.PRNGKey(0), np.zeros((0,), np.int32), np.zeros((0, 4), np.float32), p
     )
     assert (int(n), int(nxt)) == (0, 3)
+
+
+# name: (draft tokens, q rows, p rows, limit, expected accepted count, expected next token). A row with fewer real
+# drafts than the round verifies (``limit``; q zero past them): nothing past the limit is accepted, and a row that
+# accepts all its drafts draws its bonus from p[limit], exactly as a round of γ = limit would.
+LIMIT_CASES = {
+    "greedy, limit 2 of 3, both accepted: bonus from p[2], not the third draft": (
+        [1, 2, 3],
+        [ONE[1], ONE[2], np.zeros(4, np.float32)],
+        [ONE[1], ONE[2], ONE[0], ONE[3]],
+        2,
+        2,
+        0,
+    ),
+    "limit 0: a plain step, the token from p[0] (the pad draft matches p but is not taken)": (
+        [3, 3],
+        [np.zeros(4, np.float32)] * 2,
+        [ONE[3], ONE[3], ONE[3]],
+        0,
+        0,
+        3,
+    ),
+    "limit 1, first rejected: the residual at position 0 as usual": (
+        [1, 2],
+        [ONE[1], np.zeros(4, np.float32)],
+        [ONE[0], ONE[2], ONE[3]],
+        1,
+        0,
+        0,
+    ),
+    "limit = γ: as without a limit": ([1, 2], [ONE[1], ONE[2]], [ONE[1], ONE[2], ONE[3]], 2, 2, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(LIMIT_CASES))
+def test_limit_case(name):
+    draft, q, p, limit, want_n, want_next = LIMIT_CASES[name]
+    for seed in range(8):
+        args = (jax.random.PRNGKey(seed), np.asarray(draft, np.int32), np.stack(q), np.stack(p))
+        n, nxt = RejectionSampler().accept_row(*args, np.int32(limit))
+        assert (int(n), int(nxt)) == (want_n, want_next), f"{name}, seed {seed}"
+
+
+def test_without_the_limit_the_pad_drafts_would_be_taken():
+    """Negative control for the limit cases: the same rows without a limit accept past it (so the limit is what
+    stops them), and the batched call applies each row's own limit."""
+    names = [k for k in LIMIT_CASES if len(LIMIT_CASES[k][0]) == 2]
+    for name in names[:1]:
+        draft, q, p, limit, want_n, _ = LIMIT_CASES[name]
+        n, _ = RejectionSampler().accept_row(
+            jax.random.PRNGKey(0), np.asarray(draft, np.int32), np.stack(q), np.stack(p)
+        )
+        assert int(n) > want_n, name
+    draft = np.asarray([LIMIT_CASES[k][0] for k in names], np.int32)
+    q = np.stack([np.stack(LIMIT_CASES[k][1]) for k in names])
+    p = np.stack([np.stack(LIMIT_CASES[k][2]) for k in names])
+    limits = np.asarray([LIMIT_CASES[k][3] for k in names], np.int32)
+    keys = jax.random.split(jax.random.PRNGKey(0), len(names))
+    n, nxt = RejectionSampler()(keys, draft, q, p, limits)
+    assert list(zip(np.asarray(n).tolist(), np.asarray(nxt).tolist())) == [tuple(LIMIT_CASES[k][4:]) for k in names]

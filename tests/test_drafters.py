@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import VOCAB, count_compiles
+from helpers import VOCAB, count_compiles, tiny_config
 
 import jaxspec
-from jaxspec.drafters import PromptLookup, Proposal
-from jaxspec.sampling import sample, warp
+from jaxspec.drafters import ModelDrafter, PromptLookup, Proposal
+from jaxspec.models import llama
+from jaxspec.sampling import SamplingParams, sample, warp
 
 
 def reference_propose(row: list[int], length: int, gamma: int, max_n: int, min_n: int) -> list[int]:
@@ -145,3 +146,109 @@ def test_a_new_drafter_plugs_in_without_touching_the_loop(target):
     with count_compiles() as counts:
         again = jaxspec.generate(target, prompts, draft=other, **kw)
     assert counts["compiles"] == 0 and again.tokens == got.tokens
+
+
+# --------------------------------------------------------------------------------------------- LookupFirst
+
+
+def _lookup_rounds(row) -> int:
+    """A row's rounds that verified copied drafts: only rows verified over all γ drafts enter the histogram."""
+    return sum(row.accept_hist)
+
+
+@pytest.mark.parametrize("draft_gamma", [1, 2])
+def test_lookup_first_copies_where_it_matches_and_drafts_elsewhere(target, perturbed_draft, draft_gamma):
+    """Greedy output equals plain decoding, alone and beside other rows; rounds of both kinds happen; each row
+    counts γ drafts per copied round and the fallback's γ per other round (rows that differ in drafts within
+    one verify pass); the negative control, the draft model alone, verifies γ drafts every round."""
+    rng = np.random.default_rng(5)
+    prompts = [np.tile(rng.integers(0, VOCAB, 5), 3).tolist(), rng.permutation(VOCAB)[:9].tolist(), [7, 8]]
+    kw = dict(max_new_tokens=32, temperature=0.0, gamma=3)
+    plain = jaxspec.generate(target, prompts, **kw).tokens
+    drafter = jaxspec.LookupFirst(perturbed_draft, draft_gamma=draft_gamma)
+    fallback_gamma = draft_gamma
+    assert drafter.verify_widths(3) == (draft_gamma, 3)
+    assert jaxspec.LookupFirst(perturbed_draft).fallback_gamma(3) == 3  # its default γ (4), capped at the call's
+    for batch in (prompts[:1], prompts):
+        got = jaxspec.generate(target, batch, draft=drafter, **kw)
+        assert got.tokens == plain[: len(batch)]
+        for row in got.stats.rows:
+            copied = _lookup_rounds(row)
+            assert row.drafted == 3 * copied + fallback_gamma * (row.rounds - copied)
+        assert sum(_lookup_rounds(r) for r in got.stats.rows) > 0
+        assert 0 < got.stats.accepted < got.stats.drafted
+    assert any(_lookup_rounds(r) < r.rounds for r in got.stats.rows)  # rows drafted by the model too
+    alone = jaxspec.generate(target, prompts, draft=perturbed_draft, **kw).stats
+    assert all(r.drafted == 3 * r.rounds == 3 * sum(r.accept_hist) for r in alone.rows)
+
+
+def test_lookup_first_with_an_eagle_head_equals_plain(target):
+    from jaxspec import eagle
+    from jaxspec.models import eagle as eagle_model
+
+    cfg = eagle_model.head_config(target.config)
+    head = eagle.EagleDrafter.for_target(target, eagle_model.init_own(cfg, seed=1), config=cfg, name="head")
+    rng = np.random.default_rng(6)
+    prompts = [np.tile(rng.integers(0, VOCAB, 4), 4).tolist(), rng.permutation(VOCAB)[:7].tolist()]
+    kw = dict(max_new_tokens=24, temperature=0.0)
+    drafter = jaxspec.LookupFirst(head)
+    assert drafter.features and drafter.params is head.params and drafter.name == "lookup+head"
+    got = jaxspec.generate(target, prompts, draft=drafter, **kw)  # γ: LookupFirst's default 4, the head's 2
+    plain = jaxspec.generate(target, prompts, **kw).tokens
+    assert got.tokens == plain
+    assert got.stats.gamma == 4
+    assert any(0 < _lookup_rounds(r) < r.rounds for r in got.stats.rows)
+    # the engine (slots refilled as rows finish, the head's state inserted per slot) runs the same drafter
+    engine = jaxspec.Engine(target, draft=drafter, slots=2, **kw)
+    rows = sorted(engine.run(prompts * 2), key=lambda r: r.index)
+    assert [r.tokens for r in rows] == plain * 2
+    assert sum(_lookup_rounds(r.stats) for r in rows) > 0
+
+
+def test_lookup_first_arguments_are_checked_before_compiling(target, small_draft):
+    for bad, match in [
+        (dict(drafter="prompt_lookup"), "LookupFirst\\(drafter=...\\)"),
+        (dict(drafter=jaxspec.PromptLookup()), "LookupFirst\\(drafter=...\\)"),
+        (dict(drafter=small_draft, lookup="x"), "LookupFirst\\(lookup=...\\)"),
+        (dict(drafter=small_draft, draft_gamma=0), "LookupFirst\\(draft_gamma=...\\)"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            jaxspec.LookupFirst(**bad)
+    other = llama.init(tiny_config(vocab_size=VOCAB + 4), seed=1)
+    with count_compiles() as counts:
+        with pytest.raises(ValueError, match="draft vocab_size \\(100\\) != target vocab_size \\(96\\)"):
+            jaxspec.generate(target, [[1, 2]], draft=jaxspec.LookupFirst(other))
+        with pytest.raises(ValueError, match="gamma='auto' is not supported with a LookupFirst"):
+            jaxspec.generate(target, [[1, 2]], draft=jaxspec.LookupFirst(small_draft), gamma="auto")
+    assert counts["compiles"] == 0
+
+
+@pytest.mark.parametrize("catch_up", [True, False])
+def test_a_draft_model_catches_up_on_a_long_round(target, small_draft, catch_up):
+    """After a round that verified more tokens than γ+1 (a copied round of ``LookupFirst``), the draft model's first
+    draft must still come from its cache over every verified token: equal to the model run over the whole
+    sequence. ``catching_up`` makes its first step feed them; without it (the negative control) the draft's cache
+    misses tokens and its q differs."""
+    seq = jnp.asarray([[7, 3, 9, 12, 40, 41, 5, 6, 88, 2, 17, 23, 54, 33, 60, 61, 62, 9, 9, 1, 4, 8]])
+    size, gamma, longest = 32, 2, 4  # rounds of up to 4 accepted + 1 = 5 new tokens, the drafter drafts 2
+    positions = jnp.arange(seq.shape[1])[None]
+    full, _ = small_draft.apply_fn(small_draft.params, seq, positions, small_draft.init_cache(1, size))
+    drafter = ModelDrafter.of(small_draft)
+    if catch_up:
+        drafter = drafter.catching_up(longest + 1)
+    tokens = jnp.zeros((1, size), jnp.int32).at[:, : seq.shape[1]].set(seq)
+    length = 5
+    state = drafter.prefill(small_draft.params, seq[:, :length], positions[:, :length], drafter.init_state(1, size))
+    sampling = SamplingParams.create(1.0, batch=1)
+    keys = jax.random.split(jax.random.key(0), gamma)[None]
+    errors = []
+    for accepted in (4, 0, 4, 2, 4):
+        proposal = drafter.draft(small_draft.params, state, tokens, jnp.asarray([length]), sampling, keys, VOCAB)
+        want = jax.nn.softmax(full[0, length - 1])
+        errors.append(float(jnp.max(jnp.abs(proposal.q[0, 0] - want))))
+        state = proposal.state
+        length += accepted + 1
+    if catch_up:
+        assert max(errors) < 2e-6, errors
+    else:
+        assert max(errors) > 1e-3, errors

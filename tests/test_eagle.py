@@ -259,6 +259,38 @@ def test_first_draft_is_the_heads_prediction_from_real_features(target, head):
         length += accepted + 1
 
 
+@pytest.mark.parametrize("catch_up", [True, False])
+def test_a_head_catches_up_on_rounds_longer_than_its_own(target, head, catch_up):
+    """Under ``LookupFirst`` a round may verify up to Γ = 4 copied drafts while the head drafts γ = 2: its next
+    window must still cover every newly verified pair. With ``catching_up(Γ + 1)`` the first draft equals the
+    head's teacher-forced prediction from real features; without it (the negative control) it does not."""
+    seq = jnp.asarray([[7, 3, 9, 12, 40, 41, 5, 6, 88, 2, 17, 23, 54, 33, 60, 61, 62, 9, 9, 1, 4, 8, 30, 31]])
+    n, plen, size, gamma, longest = seq.shape[1], 5, 32, 2, 4
+    positions = jnp.arange(n)[None]
+    _, feats, _ = llama.features_fn(target.config)(target.params, seq, positions, target.init_cache(1, size))
+    apply_fn, init_cache = eagle_model.head_fns(head.config)
+    following = jnp.concatenate([seq[:, 1:], seq[:, -1:]], axis=1)
+    expected, _, _ = apply_fn(head.params, following, feats, positions, init_cache(1, size))
+    drafter = head.catching_up(longest + 1) if catch_up else head
+    tokens = jnp.zeros((1, size), jnp.int32).at[:, :n].set(seq)
+    state = drafter.observe(drafter.init_state(1, size), feats[:, :plen], positions[:, :plen])
+    state = drafter.prefill(head.params, seq[:, :plen], positions[:, :plen], state)
+    sampling = SamplingParams.create(1.0, batch=1)
+    keys = jax.random.split(jax.random.key(0), gamma)[None]
+    length, errors = plen, []
+    for accepted, width in ((4, 4), (1, 2), (4, 4), (3, 4), (2, 2)):  # copied rounds verify 4, the head's 2
+        proposal = drafter.draft(head.params, state, tokens, jnp.asarray([length]), sampling, keys, target.vocab_size)
+        want = jax.nn.softmax(expected[0, length - 2])
+        errors.append(float(jnp.max(jnp.abs(proposal.q[0, 0] - want))))
+        verify = jnp.arange(length - 1, length + width)[None]
+        state = drafter.observe(proposal.state, feats[:, length - 1 : length + width], verify)
+        length += accepted + 1
+    if catch_up:
+        assert max(errors) < 2e-6, errors
+    else:
+        assert max(errors) > 1e-4, errors
+
+
 def test_auto_gamma_with_a_head_times_the_head_and_stays_exact(target, head):
     policy = jaxspec.policy.AutoGamma()
     plain = jaxspec.generate(target, PROMPTS, max_new_tokens=16, temperature=0.0, eos_token_id=())

@@ -477,6 +477,48 @@ def test_negative_control_prompt_lookup_wrong_residual(target, target_logits):
     assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"
 
 
+# LookupFirst: copied drafts (one-hot q, γ of them) for rows with a match, the draft model's (its own q, fewer)
+# for the others, rows of both kinds verified in one pass up to their own lengths.
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["temp1", "topk3"])
+def test_lookup_first_sampling_is_exact(target, draft, target_logits, setting):
+    temperature, top_k, top_p = SETTINGS[setting]
+    p_value, result, probs, counts = run_and_test(
+        target,
+        jaxspec.LookupFirst(draft, lookup=LOOKUP, draft_gamma=1),
+        target_logits,
+        gamma=2,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=5500 + list(SETTINGS).index(setting),
+    )
+    assert counts[probs == 0].sum() == 0
+    assert p_value > ALPHA, f"LookupFirst's output does not follow the warped target (p={p_value:.3g})"
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+    copied = sum(result.stats.accept_hist)  # rows verified over all γ = 2 drafts: the copied ones
+    assert 0 < 2 * copied < result.stats.drafted  # and rows of the model's single drafts
+
+
+@pytest.mark.slow
+def test_negative_control_lookup_first_wrong_residual(target, draft, target_logits):
+    p_value, result, _, _ = run_and_test(
+        target,
+        jaxspec.LookupFirst(draft, lookup=LOOKUP, draft_gamma=1),
+        target_logits,
+        gamma=2,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=5600,
+        acceptance=ResampleFromTarget(),
+    )
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+    assert p_value < 1e-10, f"the test failed to detect a wrong acceptance rule (p={p_value:.3g})"
+
+
 # --------------------------------------------------------------------------------------------- reduced vocabulary
 # A reduced-vocabulary draft (LlamaConfig.vocab_ids) has q = 0 outside its ids: the target's tokens there can only
 # come from the residual. The output must still be the warped target's, and the same wrong rule must be caught.

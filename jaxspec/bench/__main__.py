@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(HUMANEVAL_DEFAULT_MODES),
         help=f"--humaneval: modes to interleave, from {','.join(HUMANEVAL_MODES)} (default "
         f"{','.join(HUMANEVAL_DEFAULT_MODES)}; plain always runs; lookup-all: prompt lookup verifying every round, "
-        "with one-token matches, as before lookup abstained)",
+        "with one-token matches, as before lookup abstained; lookup+eagle: prompt lookup at --gamma where it "
+        "matches, the EAGLE head at --eagle-gamma elsewhere)",
     )
     p.add_argument("--prompts-out", metavar="JSONL", help="--humaneval: write the prompt ids (for transformers)")
     p.add_argument("--target", help="--humaneval: another target (default smollm2-135m-instruct)")

@@ -6,8 +6,9 @@ each mode, modes interleaved call by call: plain decoding, the draft at fixed γ
 ``gamma="auto"`` (one policy for the run) and prompt lookup at γ (``--humaneval-modes`` picks a subset; plain always
 runs; ``lookup-all``, only when asked, is prompt lookup as it was before it abstained: one-token matches, every
 round verified), the EAGLE head (``eagle``, at ``--eagle-gamma``, default γ) and, only when asked, the head with
-``gamma="auto"`` (``eagle-auto``, its own policy); ``--eagle-scale`` sets the head's temperature scale (several:
-one ``eagle~S`` mode each, at one γ). A warm-up call per mode and (rows, cache bucket) compiles first
+``gamma="auto"`` (``eagle-auto``, its own policy) and ``lookup+eagle`` (``jaxspec.LookupFirst``: prompt lookup at
+γ for rows where it matches, the head at its γ for the others); ``--eagle-scale`` sets the head's temperature scale
+(several: one ``eagle~S`` mode each, at one γ). A warm-up call per mode and (rows, cache bucket) compiles first
 (auto's calibration included).
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
@@ -37,8 +38,8 @@ from jaxspec.policy import AutoGamma
 TARGET, DRAFT, HEAD = "smollm2-135m-instruct", "jaxspec/smollm2-draft", "jaxspec/smollm2-eagle"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
 DEFAULT_MODES = ("plain", "fixed", "auto", "lookup", "eagle")
-MODES = (*DEFAULT_MODES, "eagle-auto", "lookup-all")  # the last two run only when asked (--humaneval-modes)
-HEAD_MODES = ("eagle", "eagle-auto")
+MODES = (*DEFAULT_MODES, "eagle-auto", "lookup+eagle", "lookup-all")  # the last three only when asked
+HEAD_MODES = ("eagle", "eagle-auto", "lookup+eagle")
 AUTO_MODES = ("auto", "eagle-auto")
 
 
@@ -78,6 +79,8 @@ def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma:
         "fixed": dict(draft=draft, gamma=gamma),
         "auto": dict(draft=draft, gamma="auto", policy=policies["auto"]),
         "lookup": dict(draft="prompt_lookup", gamma=gamma),
+        # prompt lookup at γ where it matches, the head at its γ elsewhere (jaxspec.LookupFirst)
+        "lookup+eagle": dict(draft=jaxspec.LookupFirst(head, draft_gamma=head_gamma), gamma=gamma),
         # the drafter before abstaining: one-token matches, every round verified
         "lookup-all": dict(draft=jaxspec.PromptLookup(3, 1, abstain=False), gamma=gamma),
     }[mode]
@@ -205,7 +208,7 @@ def run(args) -> dict:
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                if m in HEAD_MODES or m.startswith(("eagle@", "eagle~")):
+                if (m in HEAD_MODES and m != "lookup+eagle") or m.startswith(("eagle@", "eagle~")):
                     g = head_gamma_of(m, head_gamma)
                     cm, vm = head_costs[g]
                 else:
