@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import jaxspec
 from jaxspec.bench.bounds import bound_cpu, bound_issue, expected_tokens
 
 # ------------------------------------------------------------------------------------------------- bounds
@@ -303,7 +304,7 @@ def test_continuous_flags_and_pool():
     assert min(budgets) == 16 and max(budgets) == 128 and budgets == mixed_lengths(1000, 128, seed=0)
 
 
-def test_humaneval_flags_and_head_modes():
+def test_humaneval_flags_and_head_modes(small_draft):
     from jaxspec.bench.__main__ import parse_args
     from jaxspec.bench.humaneval import AUTO_MODES, _kwargs
 
@@ -327,6 +328,8 @@ def test_humaneval_flags_and_head_modes():
     assert _kwargs("eagle", "draft", 4, policies, head, 2) == dict(draft=head, gamma=2)
     assert _kwargs("eagle", "draft", 4, policies, head) == dict(draft=head, gamma=4)  # default: --gamma
     assert _kwargs("eagle@3", "draft", 4, policies, head, 2) == dict(draft=head, gamma=3)  # one of several
+    hybrid = _kwargs("lookup+eagle", "draft", 4, policies, small_draft, 2)  # any model-backed fallback
+    assert hybrid == dict(draft=jaxspec.LookupFirst(small_draft, draft_gamma=2), gamma=4)
     auto_head = _kwargs("eagle-auto", "draft", 4, policies, head, 2)
     assert auto_head["gamma"] == "auto" and auto_head["policy"] is policies["eagle-auto"] is not policies["auto"]
     assert parse_args(["--humaneval", "--eagle-scale", "1,0.75"]).eagle_scale == [1.0, 0.75]

@@ -70,6 +70,8 @@ def head_gamma_of(mode: str, default: int) -> int:
 def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None) -> dict:
     if mode.startswith("eagle@"):
         return dict(draft=head, gamma=head_gamma_of(mode, gamma))
+    if mode == "lookup+eagle":  # prompt lookup at γ where it matches, the head at its γ elsewhere
+        return dict(draft=jaxspec.LookupFirst(head, draft_gamma=head_gamma), gamma=gamma)
     if mode.startswith("eagle~"):  # the head at another temperature scale
         return dict(draft=dataclasses.replace(head, temperature_scale=float(mode[6:])), gamma=head_gamma or gamma)
     return {
@@ -79,8 +81,6 @@ def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma:
         "fixed": dict(draft=draft, gamma=gamma),
         "auto": dict(draft=draft, gamma="auto", policy=policies["auto"]),
         "lookup": dict(draft="prompt_lookup", gamma=gamma),
-        # prompt lookup at γ where it matches, the head at its γ elsewhere (jaxspec.LookupFirst)
-        "lookup+eagle": dict(draft=jaxspec.LookupFirst(head, draft_gamma=head_gamma), gamma=gamma),
         # the drafter before abstaining: one-token matches, every round verified
         "lookup-all": dict(draft=jaxspec.PromptLookup(3, 1, abstain=False), gamma=gamma),
     }[mode]
