@@ -287,9 +287,10 @@ def generate(
     Args:
       target: the model whose distribution the output follows exactly.
       prompts: list of token-id lists (any lengths), an int array ``[B, T]``, or strings (needs a tokenizer).
-      draft: a cheaper ``CausalLM`` with the same vocabulary; ``"prompt_lookup"`` (or a ``jaxspec.PromptLookup``)
-        to draft by copying n-grams from the row's own prompt and output, with no draft model; or None for plain
-        autoregressive decoding.
+      draft: a cheaper ``CausalLM`` with the same tokenizer (its ``vocab_size`` may differ from the target's, as
+        a family's padded tables do: exactness holds, see ``ModelDrafter``); ``"prompt_lookup"`` (or a
+        ``jaxspec.PromptLookup``) to draft by copying n-grams from the row's own prompt and output, with no draft
+        model; or None for plain autoregressive decoding.
       gamma: draft tokens per round (static: each value compiles once), or ``"auto"``: pick γ among a few
         compiled values, or plain decoding, from measured costs and the acceptance seen so far
         (``jaxspec.policy``; the decision and its inputs are in ``stats.policy``). None: the drafter's own default

@@ -100,7 +100,9 @@ def per_row_sampling(value, name: str, n: int) -> np.ndarray:
 
 def check_tokenizers(target: CausalLM, draft: CausalLM | None) -> None:
     """Draft and target must map text to the same ids: compare their vocabularies (token -> id) when both have
-    tokenizers that expose ``get_vocab``. Raises ``ValueError`` if they differ."""
+    tokenizers that expose ``get_vocab``, over the ids both models have (``min`` of their ``vocab_size``: a
+    smaller model's padded table may stop before a larger one's extra tokens). Raises ``ValueError`` if they
+    differ."""
     if draft is None or target.tokenizer is None or draft.tokenizer is None:
         return
     if target.tokenizer is draft.tokenizer:
@@ -109,7 +111,9 @@ def check_tokenizers(target: CausalLM, draft: CausalLM | None) -> None:
     other = getattr(draft.tokenizer, "get_vocab", None)
     if vocab is None or other is None:
         return
-    a, b = vocab(), other()
+    shared = min(target.vocab_size, draft.vocab_size)
+    a = {t: i for t, i in vocab().items() if i < shared}
+    b = {t: i for t, i in other().items() if i < shared}
     if a != b:
         diff = sorted(set(a.items()) ^ set(b.items()))[:3]
         raise ValueError(
@@ -272,11 +276,6 @@ def make_request(
         if not isinstance(draft, CausalLM):
             raise TypeError(
                 f"draft must be a jaxspec.CausalLM, 'prompt_lookup', a jaxspec.PromptLookup or None, got {draft!r}"
-            )
-        if draft.vocab_size != target.vocab_size:
-            raise ValueError(
-                f"draft vocab_size ({draft.vocab_size}) != target vocab_size ({target.vocab_size}); "
-                "draft and target must share one vocabulary"
             )
     if gamma is None:  # the drafter's own default (a draft model's: the base class's)
         gamma = (lookup or Drafter).default_gamma

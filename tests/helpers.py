@@ -1,8 +1,11 @@
-"""Test utilities: tiny model configs; counting XLA compilations; a tiny Hugging Face tokenizer."""
+"""Test utilities: tiny model configs; counting XLA compilations; a tiny Hugging Face tokenizer; a model resized to
+another vocabulary size."""
 
 import contextlib
 
 import jax.monitoring
+import jax.numpy as jnp
+import numpy as np
 
 from jaxspec.models import llama
 
@@ -59,3 +62,22 @@ def tiny_config(**overrides) -> llama.LlamaConfig:
     )
     base.update(overrides)
     return llama.LlamaConfig(**base)
+
+
+def resized(model, vocab: int):
+    """``model`` with ``vocab`` rows in its embedding and LM head (cut, or padded with random rows): a family's
+    smaller or larger padded table."""
+    rng = np.random.default_rng(vocab)
+    params = dict(model.params)
+
+    def fit(x, axis):
+        have = x.shape[axis]
+        if vocab <= have:
+            return jnp.take(x, jnp.arange(vocab), axis=axis)
+        shape = list(x.shape)
+        shape[axis] = vocab - have
+        return jnp.concatenate([x, jnp.asarray(0.15 * rng.standard_normal(shape), x.dtype)], axis=axis)
+
+    params["embed"] = {"embedding": fit(params["embed"]["embedding"], 0)}
+    params["lm_head"] = {"kernel": fit(params["lm_head"]["kernel"], 1)}
+    return llama.init(tiny_config(vocab_size=vocab), seed=0).replace(params=params, name=f"{model.name}-{vocab}")

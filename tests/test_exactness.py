@@ -556,11 +556,36 @@ def scaled_eagle_head(eagle_head):
     return dataclasses.replace(eagle_head, temperature_scale=2.0)
 
 
+# Draft models whose vocab_size differs from the target's (a family's padded tables): a smaller one has no row for
+# id 4 (q = 0 there; when the target emits it, the draft is fed its last id), a larger one's ids 5-7 are cut off.
+
+
+@pytest.fixture(scope="module")
+def smaller_vocab_draft():
+    return llama.init(dataclasses.replace(DRAFT_CONFIG, vocab_size=VOCAB - 1), seed=1, name="smaller")
+
+
+@pytest.fixture(scope="module")
+def larger_vocab_draft():
+    return llama.init(dataclasses.replace(DRAFT_CONFIG, vocab_size=VOCAB + 3), seed=1, name="larger")
+
+
+def test_other_vocabulary_drafts_are_what_the_cases_need(smaller_vocab_draft, larger_vocab_draft, target_logits):
+    # the target gives id 4 real mass: the smaller draft's rejections toward it come from the residual
+    assert ref_warp(all_context_rows(target_logits), 1.0)[:, 4].mean() > 0.05
+    # the larger draft puts real mass past the target's ids: drafting them would be visible if they were not cut
+    seqs = np.array([PROMPT + [a] for a in range(VOCAB)], np.int32)
+    extra = ref_warp(np.asarray(larger_vocab_draft.logits(seqs))[:, -2:].reshape(-1, VOCAB + 3), 1.0)[:, VOCAB:]
+    assert extra.sum(-1).mean() > 0.1
+
+
 # drafter fixture -> (its cases (setting, γ), the seed base of those cases, the negative control's seed)
 RESTRICTED_DRAFTERS = {
     "reduced_draft": ([("temp1", 3), ("topk3", 1)], 7000, 7100),
     "eagle_head": ([("temp1", 1), ("temp1", 3), ("topp0.8", 2)], 8000, 8100),
     "scaled_eagle_head": ([("temp1", 2)], 8200, 8300),
+    "smaller_vocab_draft": ([("temp1", 2)], 8400, 8500),
+    "larger_vocab_draft": ([("temp1", 3), ("topk3", 1)], 8600, 8700),
 }
 
 
@@ -569,7 +594,8 @@ RESTRICTED_DRAFTERS = {
     "drafter,setting,gamma", [(d, s, g) for d, (cases, _, _) in RESTRICTED_DRAFTERS.items() for s, g in cases]
 )
 def test_restricted_vocabulary_drafters_sample_exactly(request, target, target_logits, drafter, setting, gamma):
-    """A reduced-vocabulary draft model and an EAGLE head: the output follows the warped target."""
+    """A reduced-vocabulary draft model, an EAGLE head, draft models with fewer or more ids than the target: the
+    output follows the warped target."""
     temperature, top_k, top_p = SETTINGS[setting]
     p_value, result, probs, counts = run_and_test(
         target,

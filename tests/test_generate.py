@@ -3,11 +3,10 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import VOCAB, tiny_config
-from helpers import count_compiles
+from conftest import VOCAB
+from helpers import count_compiles, resized
 
 import jaxspec
-from jaxspec.models import llama
 
 
 class CharTokenizer:
@@ -62,10 +61,21 @@ def test_bad_prompts(target, prompts, match):
     assert counts["compiles"] == 0
 
 
-def test_draft_vocab_mismatch(target):
-    other = llama.init(tiny_config(vocab_size=VOCAB + 1), seed=0)
-    with pytest.raises(ValueError, match="draft vocab_size"):
-        jaxspec.generate(target, [[1, 2]], draft=other)
+@pytest.mark.parametrize("vocab", [VOCAB - 16, VOCAB + 5])
+def test_draft_with_another_vocab_size_equals_plain(target, perturbed_draft, vocab):
+    """A draft whose table has fewer or more ids than the target's: greedy speculative output is the plain
+    output, ids past a smaller draft's table among it (the target emits them; the draft is fed its last id)."""
+    draft = resized(perturbed_draft, vocab)
+    prompts = [[1, 2, 3], [80, 90, 95, 4], [7] * 9]
+    plain = jaxspec.generate(target, prompts, max_new_tokens=24, temperature=0.0)
+    spec = jaxspec.generate(target, prompts, draft=draft, gamma=3, max_new_tokens=24, temperature=0.0)
+    assert spec.tokens == plain.tokens
+    assert 0 < spec.stats.acceptance_rate < 1
+    if vocab < VOCAB:  # the case exercises ids the draft has no row for (fed to it as its last id)
+        assert max(t for row in plain.tokens for t in row) >= vocab
+    else:  # rows past the target's ids are cut before drafting: the same drafts as without them
+        same = jaxspec.generate(target, prompts, draft=perturbed_draft, gamma=3, max_new_tokens=24, temperature=0.0)
+        assert spec.stats.accept_hist == same.stats.accept_hist
 
 
 def test_wrong_model_types(target):
@@ -188,6 +198,24 @@ def test_draft_tokenizer_must_match(target, small_draft):
     other = tiny_hf_tokenizer("print('hello world')\n")
     with count_compiles() as counts, pytest.raises(ValueError, match="draft tokenizer .* not compatible"):
         jaxspec.generate(target.replace(tokenizer=tok), ["def f"], draft=small_draft.replace(tokenizer=other))
+    assert counts["compiles"] == 0
+
+
+def test_draft_tokenizer_is_compared_over_the_ids_both_models_have(target, perturbed_draft):
+    """A target's tokenizer with a token past the draft's table (Gemma 3 4B's image token beside 1B's table): the
+    shared ids decide. The same extra token inside both tables is a real difference and is refused."""
+    from helpers import tiny_hf_tokenizer
+
+    tok, extended = tiny_hf_tokenizer(), tiny_hf_tokenizer()
+    n = len(tok)
+    extended.add_tokens(["<image>"])
+    assert extended.get_vocab()["<image>"] == n
+    big = target.replace(tokenizer=extended)
+    out = jaxspec.generate(big, ["def f"], draft=resized(perturbed_draft, n).replace(tokenizer=tok), max_new_tokens=3)
+    assert len(out.tokens[0]) == 3
+    inside = resized(perturbed_draft, n + 1).replace(tokenizer=tok)
+    with count_compiles() as counts, pytest.raises(ValueError, match="draft tokenizer .* not compatible"):
+        jaxspec.generate(big, ["def f"], draft=inside)
     assert counts["compiles"] == 0
 
 
