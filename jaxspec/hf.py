@@ -6,9 +6,10 @@ our configs, names the checkpoint tensor behind every leaf of our params tree (`
 
     model = jaxspec.load("path/to/Llama-3.2-1B", dtype="bfloat16")
 
-Supported now: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``; ``phi3`` with its fused
-projections) with RoPE types ``default``, ``linear`` and ``llama3``; GPT-2 (``gpt2``). Add a family with
-``jaxspec.families.register``.
+Supported now: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``gemma2``,
+``gemma3_text``; ``phi3`` with its fused projections) with the RoPE types of ``jaxspec.models.rope``; GPT-2
+(``gpt2``); the text model of multimodal ``gemma3``, ``mistral3`` and ``llava`` checkpoints
+(``jaxspec.hf_wrappers``). Add a family with ``jaxspec.families.register``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import dtypes, families, safetensors_file
+from jaxspec import dtypes, families, hf_wrappers, safetensors_file
 from jaxspec.families import ModelFamily
 from jaxspec.model import CausalLM
 
@@ -167,6 +168,11 @@ def load(
     if not (root / "config.json").exists():
         raise FileNotFoundError(f"no config.json in {root} (expected a Hugging Face model directory)")
     config = _read_json(root / "config.json")
+    tensors = None
+    if hf_wrappers.is_wrapper(config):  # a multimodal checkpoint: its text model alone
+        config = hf_wrappers.text_config(config)
+        tensors = hf_wrappers.text_tensors(safetensors_file.open_dir(root), root)
+        config["tie_word_embeddings"] = "lm_head.weight" not in tensors
     model_type = config.get("model_type")
     try:
         family = families.family_for_model_type(model_type)
@@ -174,7 +180,7 @@ def load(
         raise ValueError(f"{err} (in {root / 'config.json'})") from None
     cfg = family.config_from_hf(config, model_type, dtype)
     shardings = None if mesh is None else family.shardings(cfg, mesh, name=root.name)
-    params = load_params(root, family, cfg, shardings)
+    params = load_params(root, family, cfg, shardings, tensors)
     if tokenizer is True:
         tokenizer = _load_tokenizer(root)
     elif tokenizer is False:

@@ -3,10 +3,13 @@
 Run with a separate venv that has torch (torch is never a jaxspec dependency):
 
     python -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch==2.13.0 transformers safetensors numpy
-    /tmp/torchvenv/bin/python scripts/make_fixtures.py
+    /tmp/torchvenv/bin/python scripts/make_fixtures.py            # every fixture and the defaults file
+    /tmp/torchvenv/bin/python scripts/make_fixtures.py NAME ... [--defaults]
 
 Each fixture directory holds what ``save_pretrained(..., safe_serialization=True)`` writes plus ``expected.npz``
 with ``ids [2, T]`` int32 and the float32 reference ``logits [2, T, V]`` (eager attention, float32 compute).
+``--defaults`` (also written when no argument is given) writes multimodal_text_defaults.json: published multimodal
+``text_config`` entries next to what transformers fills in for them.
 """
 
 from __future__ import annotations
@@ -269,6 +272,101 @@ FIXTURES = {
         ),
         {},
     ),
+    # Multimodal wrappers (image-text-to-text checkpoints): save_pretrained writes the text model's tensors as
+    # language_model.model.* and an untied head as language_model.lm_head.weight (the published layout; in memory
+    # they are model.language_model.* and lm_head.weight); a tiny vision tower and projector ride along (vision_tower.*,
+    # multi_modal_projector.*; jaxspec ignores them). Reference logits are the wrapper's forward on text-only ids
+    # (no pixel_values); the image / boi / eoi token ids lie outside the 64-token vocabulary so never occur in ids.
+    # Gemma 3 (4B and up): the gemma3_text_swa text settings inside a Gemma3Config with a SigLIP tower
+    "gemma3_multimodal": (
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForConditionalGeneration,
+        dict(
+            **GEMMA23,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        ),
+        {
+            "wrapper": (
+                transformers.Gemma3Config,
+                dict(
+                    vision_config=dict(
+                        model_type="siglip_vision_model",
+                        hidden_size=16,
+                        intermediate_size=32,
+                        num_hidden_layers=1,
+                        num_attention_heads=2,
+                        image_size=28,
+                        patch_size=14,
+                        vision_use_head=False,
+                    ),
+                    mm_tokens_per_image=4,  # 2x2 patches, pooled with kernel 1
+                    boi_token_index=VOCAB,
+                    eoi_token_index=VOCAB + 1,
+                    image_token_index=VOCAB + 2,
+                    tie_word_embeddings=True,
+                ),
+            )
+        },
+    ),
+    # Mistral Small 3.1 style: the mistral_swa text settings inside a Mistral3Config with a Pixtral tower. The
+    # wrapper's own tie_word_embeddings defaults to True (it decides the tying), so it is set False as in the text
+    # config: lm_head.weight is its own tensor
+    "mistral3_multimodal": (
+        transformers.MistralConfig,
+        transformers.Mistral3ForConditionalGeneration,
+        dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16, tie_word_embeddings=False),
+        {
+            "wrapper": (
+                transformers.Mistral3Config,
+                dict(
+                    vision_config=dict(
+                        model_type="pixtral",
+                        hidden_size=16,
+                        intermediate_size=32,
+                        num_hidden_layers=1,
+                        num_attention_heads=2,
+                        head_dim=8,
+                        image_size=28,
+                        patch_size=14,
+                    ),
+                    image_token_index=VOCAB,
+                    spatial_merge_size=2,
+                    tie_word_embeddings=False,
+                ),
+            )
+        },
+    ),
+    # LLaVA (1.5 style): the llama_gqa text settings inside a LlavaConfig with a CLIP tower
+    "llava_llama": (
+        transformers.LlamaConfig,
+        transformers.LlavaForConditionalGeneration,
+        dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+        {
+            "wrapper": (
+                transformers.LlavaConfig,
+                dict(
+                    vision_config=dict(
+                        model_type="clip_vision_model",
+                        hidden_size=16,
+                        intermediate_size=32,
+                        projection_dim=16,
+                        num_hidden_layers=2,
+                        num_attention_heads=2,
+                        image_size=28,
+                        patch_size=14,
+                    ),
+                    image_token_index=VOCAB,
+                    image_seq_length=4,  # 2x2 patches, the CLS position dropped
+                    tie_word_embeddings=False,
+                ),
+            )
+        },
+    ),
 }
 
 
@@ -279,8 +377,10 @@ def _perturb(model: torch.nn.Module, gen: torch.Generator) -> None:
         for name, p in model.named_parameters():
             if ("norm" in name or ".ln_" in name) and not name.endswith(
                 ".bias"
-            ):  # Gemma scales by (1 + w): centre its w on 0 so the effective scale is the same
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen) - (1.0 if gemma else 0.0))
+            ):  # Gemma scales by (1 + w): centre its w on 0 so the effective scale is the same (not in a vision
+                # tower: SigLIP's LayerNorms scale by w)
+                offset = 1.0 if gemma and "vision_tower." not in name else 0.0
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen) - offset)
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
             else:
@@ -304,6 +404,11 @@ def make(name: str, seed: int) -> None:
     torch.manual_seed(seed)
     common = GPT2_COMMON if opts.get("gpt2") else COMMON
     config = config_cls(**{**common, **kwargs})
+    if opts.get("wrapper"):  # a multimodal wrapper around that text config
+        wrapper_cls, wrapper_kwargs = opts["wrapper"]
+        config = wrapper_cls(text_config=config, **wrapper_kwargs)
+        for sub in (config, config.text_config, config.vision_config):
+            sub._attn_implementation = "eager"
     config._attn_implementation = "eager"
     model = model_cls(config).eval().float()
     _perturb(model, torch.Generator().manual_seed(seed))
@@ -338,8 +443,85 @@ def make(name: str, seed: int) -> None:
     print(f"{name}: logits std {logits.std():.3f}, files {files}")
 
 
+# Real multimodal text_config entries (as sparse as the published config.json files write them), to record what
+# transformers fills in for the keys they leave out: google/gemma-3-4b-it,
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503 and llava-hf/llava-1.5-7b-hf
+DEFAULTS = {
+    "llava": (
+        transformers.LlavaConfig,
+        {"max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05, "vocab_size": 32064},
+    ),
+    "gemma3": (
+        transformers.Gemma3Config,
+        {
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+    ),
+    "mistral3": (
+        transformers.Mistral3Config,
+        {
+            "head_dim": 128,
+            "hidden_size": 5120,
+            "intermediate_size": 32768,
+            "max_position_embeddings": 131072,
+            "model_type": "mistral",
+            "num_attention_heads": 32,
+            "num_hidden_layers": 40,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 1000000000.0,
+            "sliding_window": None,
+            "vocab_size": 131072,
+        },
+    ),
+}
+
+
+# and every default at once: a text_config with nothing but its model_type
+DEFAULTS.update(
+    {
+        f"{family}-empty": (config_cls, {"model_type": sparse["model_type"]})
+        for family, (config_cls, sparse) in list(DEFAULTS.items())
+    }
+)
+
+
+def make_defaults() -> None:
+    """Write multimodal_text_defaults.json: {family: {"sparse": published text_config, "full": transformers' fill}}."""
+    import copy
+    import json
+
+    out = {}
+    for family, (config_cls, sparse) in DEFAULTS.items():
+        full = config_cls(text_config=copy.deepcopy(sparse)).text_config.to_dict()
+        kept = {}
+        for k, v in full.items():
+            try:
+                json.dumps(v)
+            except TypeError:
+                print(f"defaults: {family}: dropped non-JSON entry {k}={v!r}")
+                continue
+            kept[k] = v
+        out[family] = {"sparse": sparse, "full": kept}
+    path = OUT / "multimodal_text_defaults.json"
+    path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    print(f"defaults: wrote {path}")
+
+
 if __name__ == "__main__":
-    names = sys.argv[1:] or list(FIXTURES)
+    args = sys.argv[1:]
+    defaults = "--defaults" in args or not args
+    names = [a for a in args if a != "--defaults"] or ([] if args else list(FIXTURES))
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown:
+        sys.exit(f"unknown fixtures: {unknown}")
+    if defaults:
+        make_defaults()
     for i, n in enumerate(FIXTURES):
         if n in names:
             make(n, seed=i)

@@ -1,0 +1,128 @@
+"""The text model inside a multimodal (image-text-to-text) Hugging Face checkpoint.
+
+Gemma 3 4B/12B/27B (``gemma3``: ``Gemma3ForConditionalGeneration``), Mistral Small 3.1/3.2 (``mistral3``) and
+LLaVA (``llava``) are published as one checkpoint holding a vision tower, a projector and a language model. Text
+generation needs the language model only, so ``jaxspec.load`` reads it alone: its config from ``text_config``
+(the keys a published ``config.json`` leaves out take transformers' defaults for that text model, below) and its
+tensors from either layout transformers uses (``language_model.model.*`` / ``language_model.lm_head.weight`` as
+published, ``model.language_model.*`` / ``lm_head.weight`` as kept in memory), renamed to the text model's own
+names. The vision tower and projector are not read. The head is tied exactly when the checkpoint has no head
+tensor (Mistral 3's ``config.json`` leaves ``tie_word_embeddings`` out, whose wrapper default is True, yet ships
+its own head, which transformers then uses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# wrapper model_type -> the model_type its text_config defaults to
+WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
+
+# transformers' defaults (Gemma3TextConfig, MistralConfig, LlamaConfig) for the keys jaxspec reads; checked against
+# transformers in tests/fixtures/hf/multimodal_text_defaults.json (scripts/make_fixtures.py --defaults)
+TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": dict(
+        vocab_size=262_208,
+        hidden_size=2304,
+        intermediate_size=9216,
+        num_hidden_layers=26,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=131_072,
+        rope_theta=1_000_000.0,
+        rope_local_base_freq=10_000.0,
+        sliding_window=4096,
+        sliding_window_pattern=6,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    ),
+    "mistral": dict(
+        vocab_size=32_000,
+        hidden_size=4096,
+        intermediate_size=14_336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=131_072,
+        rope_theta=10_000.0,
+        sliding_window=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "llama": dict(
+        vocab_size=32_000,
+        hidden_size=4096,
+        intermediate_size=11_008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=2048,
+        rope_theta=10_000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+}
+
+# (prefix in the checkpoint, prefix of the text model's own name), both layouts
+_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+    ("lm_head.", "lm_head."),
+)
+
+
+def is_wrapper(config: dict) -> bool:
+    """Whether ``config`` (a ``config.json``) describes a multimodal checkpoint jaxspec reads the text model of."""
+    return config.get("model_type") in WRAPPERS
+
+
+def text_config(config: dict) -> dict:
+    """The text model's ``config.json`` inside a wrapper's: ``text_config`` over transformers' defaults for its
+    ``model_type`` (a key written as null stays null, as in transformers). EOS/BOS ids the wrapper sets at its top
+    level win over the text model's defaults."""
+    text = config.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise ValueError(f"config.json ({config['model_type']}): text_config must be an object, got {text!r}")
+    model_type = text.get("model_type") or WRAPPERS[config["model_type"]]
+    out = {**TEXT_DEFAULTS.get(model_type, {}), **text, "model_type": model_type}
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        if config.get(key) is not None:
+            out[key] = config[key]
+    return out
+
+
+class _Renamed:
+    """A checkpoint tensor read under another name (``get`` takes the text model's name)."""
+
+    def __init__(self, source, name: str):
+        self.source, self.name = source, name
+
+    def get(self, _name: str):
+        return self.source.get(self.name)
+
+
+def text_tensors(tensors, root) -> dict[str, _Renamed]:
+    """The text model's tensors of a wrapper checkpoint (name -> source, as ``safetensors_file.open_dir``), under
+    the text model's own names; vision and projector tensors are left out. Raises ``ValueError`` when a name
+    comes from two layouts at once or no text tensor is found."""
+    out: dict[str, _Renamed] = {}
+    for name in tensors:
+        for prefix, own in _PREFIXES:
+            if name.startswith(prefix):
+                key = own + name[len(prefix) :]
+                if key in out:
+                    raise ValueError(f"checkpoint in {root} holds {key!r} twice ({out[key].name!r} and {name!r})")
+                out[key] = _Renamed(tensors[name], name)
+                break
+    if not out:
+        raise ValueError(
+            f"checkpoint in {root} has no language-model tensors (expected names under "
+            f"{' / '.join(p for p, _ in _PREFIXES[:3])})"
+        )
+    return out
