@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import gguf_file, named
+from jaxspec import gguf_file, gguf_reader, gguf_tokenizer, named
 from jaxspec.models import llama
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
@@ -90,7 +90,7 @@ def test_bfloat16_load():
 def _same_as_gguf_reader(path):
     """jaxspec's own metadata and tensor-table reader gives what the gguf package's GGUFReader gives."""
     ref = gguf.GGUFReader(path, "r")
-    mine = gguf_file._reader(path)
+    mine = gguf_reader.read(path)
     assert mine.fields == {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
     assert len(mine.tensors) == len(ref.tensors)
     for a, b in zip(ref.tensors, mine.tensors):
@@ -123,7 +123,7 @@ def test_reader_reads_big_endian_files(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    meta = gguf_file._reader(path).fields
+    meta = gguf_reader.read(path).fields
     assert meta["llama.block_count"] == 3 and meta["tokenizer.ggml.scores"] == [0.5, -1.25]
     assert meta["tokenizer.ggml.tokens"] == ["a", "\u2581b"]
 
@@ -183,7 +183,7 @@ def test_missing_tensors_named(tmp_path):
 def test_unsupported_tokenizer_model(tmp_path):
     path = _write(tmp_path / "m.gguf", **{"tokenizer.ggml.model": "t5"})
     with pytest.raises(gguf_file.GGUFError, match="tokenizer model 't5'"):
-        gguf_file.build_tokenizer(gguf_file._reader(path).fields, path)
+        gguf_tokenizer.build_tokenizer(gguf_reader.read(path).fields, path)
 
 
 def test_unpermute_inverts_llama_cpp_order():
@@ -304,7 +304,7 @@ def test_tokenizer_from_metadata_with_bos_and_chat_template(tmp_path):
         "tokenizer.ggml.add_bos_token": True,
         "tokenizer.chat_template": "{{ messages[0]['content'] }}",
     }
-    tok = gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
+    tok = gguf_tokenizer.build_tokenizer(meta, tmp_path / "x.gguf")
     ab = tokens.index("ab")
     assert tok.encode("ab<|user|>c") == [0, ab, 2, tokens.index("c")]
     assert tok.encode("ab", add_special_tokens=False) == [ab]
@@ -312,7 +312,7 @@ def test_tokenizer_from_metadata_with_bos_and_chat_template(tmp_path):
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi"
     meta["tokenizer.ggml.pre"] = "mystery"
     with pytest.raises(gguf_file.GGUFError, match="pre-tokenizer 'mystery'"):
-        gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
+        gguf_tokenizer.build_tokenizer(meta, tmp_path / "x.gguf")
 
 
 def test_cli_converts_a_gguf_file_to_a_jaxspec_checkpoint(tmp_path, capsys):
@@ -350,16 +350,16 @@ def _spm_meta(bc_score=-0.5, **extra):
 def test_sentencepiece_tokenizer_merges_the_highest_scoring_pair_first(tmp_path):
     """'abc' becomes '\u2581abc': pairs '\u2581a' (-2), 'ab' (-1), 'bc' (-0.5) -> 'bc' first, then '\u2581a': ids 9 8.
     With 'bc' scored below 'ab' it is '\u2581' 'ab' 'c' (no '\u2581ab' token): ids 3 7 6."""
-    tok = gguf_file.build_tokenizer(_spm_meta(), tmp_path / "x.gguf")
+    tok = gguf_tokenizer.build_tokenizer(_spm_meta(), tmp_path / "x.gguf")
     assert tok.encode("abc", add_special_tokens=False) == [9, 8]
     assert tok.encode("abc") == [1, 9, 8]  # BOS, as llama.cpp adds it where add_bos_token
     assert tok.decode([9, 8]) == "abc"  # the prefix space is taken off again
-    low = gguf_file.build_tokenizer(_spm_meta(bc_score=-3.0), tmp_path / "x.gguf")
+    low = gguf_tokenizer.build_tokenizer(_spm_meta(bc_score=-3.0), tmp_path / "x.gguf")
     assert low.encode("abc", add_special_tokens=False) == [3, 7, 6]
 
 
 def test_sentencepiece_tokenizer_spaces_bytes_specials_and_prefix(tmp_path):
-    tok = gguf_file.build_tokenizer(_spm_meta(), tmp_path / "x.gguf")
+    tok = gguf_tokenizer.build_tokenizer(_spm_meta(), tmp_path / "x.gguf")
     # ' ' -> '\u2581'; 'z' is not a token: its byte <0x7A>; 'é' is two bytes C3 A9; 'q' has no byte token: <unk>
     assert tok.encode("a z", add_special_tokens=False) == [9, 3, 10]
     assert tok.encode("\u00e9", add_special_tokens=False) == [3, 11, 12]
@@ -367,7 +367,7 @@ def test_sentencepiece_tokenizer_spaces_bytes_specials_and_prefix(tmp_path):
     assert tok.encode("q", add_special_tokens=False) == [3, 0]
     # a control token in the text stays whole, and the text after it gets its own prefix space (as in llama.cpp)
     assert tok.encode("abc</s>a", add_special_tokens=False) == [9, 8, 2, 9]
-    bare = gguf_file.build_tokenizer(_spm_meta(**{"tokenizer.ggml.add_space_prefix": False}), tmp_path / "x.gguf")
+    bare = gguf_tokenizer.build_tokenizer(_spm_meta(**{"tokenizer.ggml.add_space_prefix": False}), tmp_path / "x.gguf")
     assert bare.encode("abc", add_special_tokens=False) == [4, 8]
     assert bare.decode([4, 8]) == "abc"
 
@@ -376,7 +376,7 @@ def test_sentencepiece_tokenizer_needs_one_score_per_token(tmp_path):
     meta = _spm_meta()
     meta["tokenizer.ggml.scores"] = meta["tokenizer.ggml.scores"][:-1]
     with pytest.raises(gguf_file.GGUFError, match="tokenizer.ggml.scores, one per token"):
-        gguf_file.build_tokenizer(meta, tmp_path / "x.gguf")
+        gguf_tokenizer.build_tokenizer(meta, tmp_path / "x.gguf")
 
 
 # ------------------------------------------------------------------------------ Llama 3.1 RoPE (rope_freqs)
@@ -610,7 +610,7 @@ def test_a_model_split_into_shards_loads_from_any_shard(tmp_path):
     (tmp_path / "split").mkdir()
     shards = _write_hf_as_gguf(tmp_path / "split" / "l3.gguf", split=10)
     assert [p.name for p in shards] == [f"l3-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
-    whole = gguf_file._reader(shards[1])
+    whole = gguf_reader.read(shards[1])
     assert whole.shards == shards and len(whole.tensors) == 29  # 2 layers x 13 + embedding, norm, rope_freqs
     for shard in (shards[0], shards[2]):
         model = jaxspec.load(shard, tokenizer=False)
@@ -622,7 +622,7 @@ def test_a_model_split_into_shards_loads_from_any_shard(tmp_path):
     renamed = tmp_path / "split" / "copy-00001-of-00002.gguf"
     shutil.copy(shards[0], renamed)
     with pytest.raises(gguf_file.GGUFError, match="does not follow"):
-        gguf_file._reader(renamed)
+        gguf_reader.read(renamed)
     shards[1].rename(tmp_path / "elsewhere.gguf")
     with pytest.raises(gguf_file.GGUFError, match="l3-00002-of-00003.gguf is missing"):
         jaxspec.load(shards[0], tokenizer=False)

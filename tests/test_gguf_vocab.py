@@ -29,7 +29,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from jaxspec import gguf_file, named
+from jaxspec import gguf_file, gguf_reader, gguf_tokenizer, named
 
 SDIST = "llama_cpp_python-0.3.36.tar.gz"
 URL = (
@@ -39,7 +39,7 @@ URL = (
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 MODELS = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
 SPM_VOCABS = ["llama-spm", "phi-3"]
-BPE_VOCABS = [  # one per pre-tokenizer kind of gguf_file._PRE_NAMES (mpt: GPT-2's; refact, command-r: StarCoder's)
+BPE_VOCABS = [  # one per pre-tokenizer kind of gguf_tokenizer._PRE_NAMES (mpt: GPT-2's; refact, command-r: StarCoder's)
     "gpt-2",
     "llama-bpe",
     "qwen2",
@@ -101,7 +101,7 @@ def _cases(vocab_dir: Path, name: str) -> list[tuple[str, list[int]]]:
 
 @functools.cache
 def _metadata(path: Path) -> dict:
-    return gguf_file._reader(path).fields  # read once: the gguf reader takes 9 s over Llama 3's
+    return gguf_reader.read(path).fields  # read once: the gguf reader takes 9 s over Llama 3's
 
 
 def _tokenizer(vocab_dir: Path, name: str, **override):
@@ -109,7 +109,7 @@ def _tokenizer(vocab_dir: Path, name: str, **override):
     if pre:
         override = {"tokenizer.ggml.pre": pre, **override}
     path = vocab_dir / f"ggml-vocab-{name}.gguf"
-    return gguf_file.build_tokenizer({**_metadata(path), **override}, path)
+    return gguf_tokenizer.build_tokenizer({**_metadata(path), **override}, path)
 
 
 @pytest.mark.parametrize("name", VOCABS)
@@ -133,7 +133,7 @@ def test_negative_controls_differ_from_the_vectors(vocab_dir, monkeypatch):
 
     assert wrong(_tokenizer(vocab_dir, "llama-spm", **{"tokenizer.ggml.add_space_prefix": False}), "llama-spm") > 5
     # (each BPE pre-tokenizer against its nearest other: on llama.cpp's own output for 343 strings, below)
-    monkeypatch.setattr(gguf_file, "_IGNORE_MERGES", ())
+    monkeypatch.setattr(gguf_tokenizer, "_IGNORE_MERGES", ())
     assert wrong(_tokenizer(vocab_dir, "llama-bpe"), "llama-bpe") >= 1
 
 
@@ -279,13 +279,13 @@ def test_a_llama_gguf_with_a_sentencepiece_vocabulary_loads_and_generates_text(v
 
 @pytest.mark.parametrize("name", VOCABS)
 def test_end_of_generation_ids_are_llama_cpps(vocab_dir, name):
-    """The ids a GGUF model stops on (``gguf_file.end_of_generation_ids``: EOS, EOT/EOM, end-of-turn markers such as
-    Phi-3's ``<|end|>`` and Llama 3's ``<|eot_id|>``) against llama.cpp's ``llama_vocab_is_eog`` on the same files:
-    equal, but for what llama.cpp adds and jaxspec leaves out on purpose: fill-in-the-middle padding/repository
+    """The ids a GGUF model stops on (``gguf_tokenizer.end_of_generation_ids``: EOS, EOT/EOM, end-of-turn markers
+    such as Phi-3's ``<|end|>`` and Llama 3's ``<|eot_id|>``) against llama.cpp's ``llama_vocab_is_eog`` on the same
+    files: equal, but for what llama.cpp adds and jaxspec leaves out on purpose: fill-in-the-middle padding/repository
     tokens, Command-R's ``<PAD>``, and ``</s>`` where it is not the file's EOS (an ordinary token in Qwen2's
     vocabulary)."""
     meta = _metadata(vocab_dir / f"ggml-vocab-{name}.gguf")
-    ours = gguf_file.end_of_generation_ids(meta)
+    ours = gguf_tokenizer.end_of_generation_ids(meta)
     theirs = set(_llama_cpp_ids()["end_of_generation"][name])
     assert ours[0] == meta["tokenizer.ggml.eos_token_id"] and set(ours) <= theirs
     left_out = {meta["tokenizer.ggml.tokens"][i] for i in theirs - set(ours)}
