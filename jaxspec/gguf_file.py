@@ -2,13 +2,13 @@
 
     model = jaxspec.load("SmolLM2-135M-Instruct.Q4_1.gguf", dtype="bfloat16")
 
-Only the file's metadata and tensor data are read: the header, metadata and tensor table by
-``jaxspec.gguf_reader`` (a reader of the format over a memory map of the file, giving what the ``gguf`` package's
-``GGUFReader`` gives, tested against it, 25-30× faster on large vocabularies); every tensor is dequantized by
-``gguf.quants.dequantize`` (every type that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K–Q6_K, IQ*,
-…) to float32 and cast to the requested dtype. A model split into shards (``<name>-00001-of-00003.gguf``, ...:
-llama.cpp's ``gguf-split``) loads from any of its files. The metadata becomes a Hugging Face style config and the
-tensors get their Hugging Face names, so the model is built by the same family record (``jaxspec.families``) as ``jaxspec.hf.load``:
+Only the file's metadata and tensor data are read: the header, metadata and tensor table by ``jaxspec.gguf_reader`` (a
+reader of the format over a memory map of the file, giving what the ``gguf`` package's ``GGUFReader`` gives, tested
+against it, 25-30× faster on large vocabularies); every tensor is dequantized by ``gguf.quants.dequantize`` (every type
+that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K–Q6_K, IQ*, …) to float32 and cast to the requested dtype.
+A model split into shards (``<name>-00001-of-00003.gguf``, ...: llama.cpp's ``gguf-split``) loads from any of its files.
+The metadata becomes a Hugging Face style config and the tensors get their Hugging Face names, so the model is built by
+the same family record (``jaxspec.families``) as ``jaxspec.hf.load``:
 
 - ``llama`` (Llama, Mistral and SmolLM conversions): llama.cpp's converter permutes the rows of the q and k
   projections for its interleaved RoPE; they are permuted back.
@@ -27,12 +27,12 @@ written; DeepSeek's and Mistral's log multiplier is refused); Llama 3.1's ``rope
 
 The tokenizer is rebuilt with the ``tokenizers`` library from the file's vocabulary (``jaxspec.gguf_tokenizer``):
 ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE) from its merges, with the pre-tokenizer named by
-``tokenizer.ggml.pre``; ``"llama"`` (SentencePiece vocabularies: Llama 1/2, Mistral v0.1, TinyLlama, Phi-3, Gemma 1/2) from its scores, as llama.cpp
-tokenizes them: spaces become ``▁`` (one prepended unless ``tokenizer.ggml.add_space_prefix`` is false), then the
-adjacent pair whose concatenation is the highest-scoring token is merged until none is left, and a character
-outside the vocabulary falls back to its UTF-8 bytes (``<0xXX>`` tokens). Control tokens are special tokens;
-BOS (and EOS) are added on encode where the file asks for them; the chat template comes from
-``tokenizer.chat_template``.
+``tokenizer.ggml.pre``; ``"llama"`` (SentencePiece vocabularies: Llama 1/2, Mistral v0.1, TinyLlama, Phi-3, Gemma 1/2)
+from its scores, as llama.cpp tokenizes them: spaces become ``▁`` (one prepended unless
+``tokenizer.ggml.add_space_prefix`` is false), then the adjacent pair whose concatenation is the highest-scoring token
+is merged until none is left, and a character outside the vocabulary falls back to its UTF-8 bytes (``<0xXX>`` tokens).
+Control tokens are special tokens; BOS (and EOS) are added on encode where the file asks for them; the chat template
+comes from ``tokenizer.chat_template``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from jaxspec import gguf_file, gguf_reader, gguf_tokenizer, named
+from jaxspec import gguf_reader, gguf_tokenizer, named
 
 SDIST = "llama_cpp_python-0.3.36.tar.gz"
 URL = (
