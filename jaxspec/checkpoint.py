@@ -179,20 +179,37 @@ def _has_magic(path: Path, magic: bytes) -> bool:
 
 
 def load(
-    path: str | Path, dtype: str | None = None, *, sharding: Any = None, mesh: Any = None, **hf_kwargs
+    path: str | Path,
+    dtype: str | None = None,
+    *,
+    sharding: Any = None,
+    mesh: Any = None,
+    revision: str | None = None,
+    gguf_file: str | None = None,
+    **hf_kwargs,
 ) -> CausalLM:
     """Load a model: a named model (``"smollm2-135m-instruct"``, see ``jaxspec.named``), a shipped name
     (``"jaxspec/code-target"``, ``"jaxspec/code-draft"``), a jaxspec checkpoint directory (``save``), a GGUF file
-    (``jaxspec.gguf_file.load``) or a Hugging Face directory (``jaxspec.hf.load``).
+    (``jaxspec.gguf_file.load``), a Hugging Face directory (``jaxspec.hf.load``) or a Hugging Face Hub id
+    (``"Qwen/Qwen2.5-0.5B-Instruct"``: from the Hugging Face cache, downloaded there once if missing;
+    ``jaxspec.hub``).
 
     ``dtype`` None keeps a jaxspec checkpoint's dtype and loads Hugging Face weights as float32. ``mesh`` places
     every weight straight into its sharding on that mesh (``jaxspec.sharding``); ``sharding`` (orbax only) gives
-    the shardings explicitly.
+    the shardings explicitly. ``revision``: a Hub id's branch, tag or commit. ``gguf_file``: the GGUF file to load
+    in a Hub repository or a local directory.
     """
-    from jaxspec import named
+    from jaxspec import hub, named
 
     if named.names_model(path):
         path = named.path(path)
+    if hub.is_repo_id(path) and not str(path).startswith(SHIPPED_PREFIX):
+        hf_kwargs.setdefault("name", str(path).split("/")[1])
+        path = hub.snapshot(str(path), revision=revision, gguf_file=gguf_file)
+    elif revision is not None:
+        raise ValueError(f"revision= is for Hugging Face Hub ids ('owner/name'), not the local path {str(path)!r}")
+    elif gguf_file is not None:
+        path = Path(path) / gguf_file
     path = resolve(path)
     if is_orbax_model(path):
         return load_orbax(path, dtype, sharding, mesh)

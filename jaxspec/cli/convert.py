@@ -38,11 +38,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Load ``args.src`` (a named model, a model directory or a GGUF file) and write it to the new or empty
     directory ``args.dst`` as ``args.to`` (``jaxspec`` or ``hf``); returns the exit code."""
     import jaxspec
-    from jaxspec import named
-    from jaxspec.checkpoint import resolve
+    from jaxspec import hub, named
+    from jaxspec.checkpoint import SHIPPED_PREFIX, resolve
 
-    if named.names_model(args.src):
-        src = args.src  # a named model (GGUF), resolved by jaxspec.load
+    if named.names_model(args.src) or (hub.is_repo_id(args.src) and not args.src.startswith(SHIPPED_PREFIX)):
+        src = args.src  # a named model (GGUF) or a Hugging Face Hub id, resolved by jaxspec.load
     else:
         try:
             src = resolve(args.src)
@@ -61,7 +61,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             raise CliError(f"DST: cannot create {dst} ({parent} is not writable)")
     try:
         model = jaxspec.load(src, args.dtype)
-    except (FileNotFoundError, ValueError) as err:
+    except (OSError, ValueError) as err:  # not found, gated (PermissionError), unsupported
         raise CliError(f"SRC: cannot load {args.src}: {err}") from None
     if args.to == "hf":
         written = jaxspec.export_hf(model, dst)

@@ -91,7 +91,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--target",
         default=DEFAULT_TARGET,
-        help=f"target model: a shipped name, a jaxspec or a Hugging Face directory (default {DEFAULT_TARGET})",
+        help=f"target model: a shipped or named model, a jaxspec or Hugging Face directory, a GGUF file or a Hugging "
+        f"Face Hub id such as Qwen/Qwen2.5-0.5B-Instruct (default {DEFAULT_TARGET})",
     )
     g.add_argument(
         "--draft",

@@ -28,12 +28,13 @@ def is_none(draft: str) -> bool:
 
 
 def check_model_arg(value: str, flag: str) -> None:
-    """Raise ``CliError`` (naming ``flag``) unless ``value`` is a named model, a model directory, a GGUF file or a
-    shipped model name. Named models pass unchecked: they are installed, cached or fetched when loaded."""
-    from jaxspec import named
-    from jaxspec.checkpoint import resolve
+    """Raise ``CliError`` (naming ``flag``) unless ``value`` is a named model, a model directory, a GGUF file, a
+    shipped model name or a Hugging Face Hub id. Named models and Hub ids pass unchecked: they are installed,
+    cached or fetched when loaded."""
+    from jaxspec import hub, named
+    from jaxspec.checkpoint import SHIPPED_PREFIX, resolve
 
-    if named.names_model(value):
+    if named.names_model(value) or (hub.is_repo_id(value) and not value.startswith(SHIPPED_PREFIX)):
         return  # a failed fetch says what to run
     try:
         path = resolve(value)
@@ -41,7 +42,8 @@ def check_model_arg(value: str, flag: str) -> None:
         raise CliError(f"{flag}: {err}") from None
     if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
         raise CliError(
-            f"{flag}: {value!r} is not a model directory, a GGUF file, a named model or a shipped model name"
+            f"{flag}: {value!r} is not a model directory, a GGUF file, a named model, a shipped model name or a "
+            "Hugging Face Hub id"
         )
 
 
@@ -63,7 +65,7 @@ def load_models(args: argparse.Namespace):
     def load(value, flag):
         try:
             return jaxspec.load(value, args.dtype)
-        except (FileNotFoundError, ValueError) as err:
+        except (OSError, ValueError) as err:  # not found, gated (PermissionError), unsupported
             raise CliError(f"{flag}: cannot load {value!r}: {err}") from None
 
     target = load(args.target, "--target")
