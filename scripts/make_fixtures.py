@@ -54,6 +54,18 @@ GEMMA23 = dict(
 GPT2_COMMON = dict(vocab_size=VOCAB, initializer_range=WEIGHT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 # name -> (config class, model class, config kwargs, options)
+# Gemma 3's text settings (gemma3_text_swa, and the text model of gemma3_multimodal): q/k norm, sliding layers with
+# their own RoPE base (100) and a full layer with linear scaling over another (1000), three layers
+GEMMA3_TEXT = dict(
+    **GEMMA23,
+    num_hidden_layers=3,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    },
+)
+
 FIXTURES = {
     # Llama 2 style: GQA, untied, default RoPE
     "llama_gqa": (
@@ -261,15 +273,7 @@ FIXTURES = {
     "gemma3_text_swa": (
         transformers.Gemma3TextConfig,
         transformers.Gemma3ForCausalLM,
-        dict(
-            **GEMMA23,
-            num_hidden_layers=3,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            rope_parameters={
-                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        ),
+        GEMMA3_TEXT,
         {},
     ),
     # Multimodal wrappers (image-text-to-text checkpoints): save_pretrained writes the text model's tensors as
@@ -281,15 +285,7 @@ FIXTURES = {
     "gemma3_multimodal": (
         transformers.Gemma3TextConfig,
         transformers.Gemma3ForConditionalGeneration,
-        dict(
-            **GEMMA23,
-            num_hidden_layers=3,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            rope_parameters={
-                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        ),
+        GEMMA3_TEXT,
         {
             "wrapper": (
                 transformers.Gemma3Config,
