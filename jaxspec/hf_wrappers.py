@@ -19,7 +19,7 @@ from typing import Any
 WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
 
 # transformers' defaults (Gemma3TextConfig, MistralConfig, LlamaConfig) for the keys jaxspec reads; checked against
-# transformers in tests/fixtures/hf/multimodal_text_defaults.json (scripts/make_fixtures.py --defaults)
+# transformers in tests/fixtures/multimodal_text_defaults.json (scripts/make_fixtures.py --defaults)
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(
         vocab_size=262_208,

@@ -8,8 +8,8 @@ Run with a separate venv that has torch (torch is never a jaxspec dependency):
 
 Each fixture directory holds what ``save_pretrained(..., safe_serialization=True)`` writes plus ``expected.npz``
 with ``ids [2, T]`` int32 and the float32 reference ``logits [2, T, V]`` (eager attention, float32 compute).
-``--defaults`` (also written when no argument is given) writes multimodal_text_defaults.json: published multimodal
-``text_config`` entries next to what transformers fills in for them.
+``--defaults`` (also written when no argument is given) writes tests/fixtures/multimodal_text_defaults.json:
+published multimodal ``text_config`` entries next to what transformers fills in for them.
 """
 
 from __future__ import annotations
@@ -504,7 +504,7 @@ def make_defaults() -> None:
                 continue
             kept[k] = v
         out[family] = {"sparse": sparse, "full": kept}
-    path = OUT / "multimodal_text_defaults.json"
+    path = OUT.parent / "multimodal_text_defaults.json"
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     print(f"defaults: wrote {path}")
 

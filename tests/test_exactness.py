@@ -585,7 +585,7 @@ RESTRICTED_DRAFTERS = {
     "eagle_head": ([("temp1", 1), ("temp1", 3), ("topp0.8", 2)], 8000, 8100),
     "scaled_eagle_head": ([("temp1", 2)], 8200, 8300),
     "smaller_vocab_draft": ([("temp1", 2)], 8400, 8500),
-    "larger_vocab_draft": ([("temp1", 3), ("topk3", 1)], 8600, 8700),
+    "larger_vocab_draft": ([("temp1", 3)], 8600, 8700),
 }
 
 

@@ -60,7 +60,11 @@ def test_round_trip(variant, tmp_path):
     np.testing.assert_array_equal(np.asarray(model.logits(ids)), np.asarray(back.logits(ids)))
 
 
-@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.iterdir()))
+# the multimodal fixtures' text models are the text-only fixtures' modules: exported the same way
+WRAPPED = ("gemma3_multimodal", "mistral3_multimodal", "llava_llama")
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name not in WRAPPED))
 def test_reexported_fixture_matches_the_reference_logits(fixture, tmp_path):
     """A transformers checkpoint, loaded and exported again, still gives transformers' logits."""
     if fixture.startswith("gpt2"):

@@ -15,7 +15,7 @@ from jaxspec import families, hf_wrappers
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 WRAPPED = ["gemma3_multimodal", "mistral3_multimodal", "llava_llama"]
-DEFAULTS = json.loads((FIXTURES / "multimodal_text_defaults.json").read_text())
+DEFAULTS = json.loads((FIXTURES.parent / "multimodal_text_defaults.json").read_text())
 
 
 def _config(text: dict):
