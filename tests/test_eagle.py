@@ -143,8 +143,11 @@ def test_a_head_drafts_at_the_calls_temperature_times_its_scale(target, head):
     keys = jax.random.split(jax.random.key(0), 6).reshape(2, 3)
     sharp = dataclasses.replace(head, temperature_scale=0.5)
 
+    jitted = {}  # one compile per drafter, not op by op
+
     def q(drafter, temperature):
-        out = drafter.draft(drafter.params, state, tokens, length, SamplingParams.create(temperature), keys, 96)
+        draft = jitted.setdefault(id(drafter), jax.jit(drafter.draft, static_argnums=6))
+        out = draft(drafter.params, state, tokens, length, SamplingParams.create(temperature), keys, 96)
         return np.asarray(out.q), np.asarray(out.tokens)
 
     (q_sharp, d_sharp), (q_half, d_half), (q_one, _) = q(sharp, 1.0), q(head, 0.5), q(head, 1.0)
@@ -249,13 +252,14 @@ def test_first_draft_is_the_heads_prediction_from_real_features(target, head):
     sampling = SamplingParams.create(1.0, batch=1)
     keys = jax.random.split(jax.random.key(0), gamma)[None]
     length = plen
+    draft, observe = jax.jit(head.draft, static_argnums=6), jax.jit(head.observe)  # one compile, not op by op
     for accepted in (0, 3, 1, 2, 0, 3):  # rounds that accepted this many drafts, then one more token
-        proposal = head.draft(head.params, state, tokens, jnp.asarray([length]), sampling, keys, target.vocab_size)
+        proposal = draft(head.params, state, tokens, jnp.asarray([length]), sampling, keys, target.vocab_size)
         want = jax.nn.softmax(expected[0, length - 2])
         np.testing.assert_allclose(np.asarray(proposal.q[0, 0]), np.asarray(want), atol=2e-6, err_msg=str(length))
         # the verify pass's features over [last, drafts] (here the sequence's own tokens, as if accepted)
         verify = jnp.arange(length - 1, length + gamma)[None]
-        state = head.observe(proposal.state, feats[:, length - 1 : length + gamma], verify)
+        state = observe(proposal.state, feats[:, length - 1 : length + gamma], verify)
         length += accepted + 1
 
 
@@ -278,12 +282,13 @@ def test_a_head_catches_up_on_rounds_longer_than_its_own(target, head, catch_up)
     sampling = SamplingParams.create(1.0, batch=1)
     keys = jax.random.split(jax.random.key(0), gamma)[None]
     length, errors = plen, []
+    draft, observe = jax.jit(drafter.draft, static_argnums=6), jax.jit(drafter.observe)
     for accepted, width in ((4, 4), (1, 2), (4, 4), (3, 4), (2, 2)):  # copied rounds verify 4, the head's 2
-        proposal = drafter.draft(head.params, state, tokens, jnp.asarray([length]), sampling, keys, target.vocab_size)
+        proposal = draft(head.params, state, tokens, jnp.asarray([length]), sampling, keys, target.vocab_size)
         want = jax.nn.softmax(expected[0, length - 2])
         errors.append(float(jnp.max(jnp.abs(proposal.q[0, 0] - want))))
         verify = jnp.arange(length - 1, length + width)[None]
-        state = drafter.observe(proposal.state, feats[:, length - 1 : length + width], verify)
+        state = observe(proposal.state, feats[:, length - 1 : length + width], verify)
         length += accepted + 1
     if catch_up:
         assert max(errors) < 2e-6, errors
@@ -387,6 +392,13 @@ def test_cli_goes_on_training_a_saved_head(tmp_path, target, head, data, capsys)
         )
 
 
+def _padded(tokens, length=64):
+    """``tokens`` as a [1, length] array, zeros after them (one compiled shape for every record: the models are
+    causal, so what follows position n - 1 does not change the outputs up to it), and n = len(tokens)."""
+    assert len(tokens) <= length
+    return jnp.asarray([list(tokens) + [0] * (length - len(tokens))]), len(tokens)
+
+
 def test_agreement_counts_the_heads_top1_against_the_targets_on_the_outputs(target, head, data):
     """``distill_eagle.agreement`` against a per-position count written from its definition (one record at a time,
     no padding): step 1 drafts token i+2 from (f_i, token i+1), step 2 token i+3 from (f^_{i+1}, token i+2);
@@ -396,18 +408,19 @@ def test_agreement_counts_the_heads_top1_against_the_targets_on_the_outputs(targ
     apply_fn, init_cache = eagle_model.head_fns(head.config)
     hits, counted = [0, 0], [0, 0]
     for prompt, output in records:
-        seq = jnp.asarray([prompt + output])
-        n = seq.shape[1]
-        pos = jnp.arange(n)[None]
-        logits, feats, _ = features(target.params, seq, pos, target.init_cache(1, n))
-        d1, f1, _ = apply_fn(head.params, seq[:, 1:], feats[:, :-1], pos[:, :-1], init_cache(1, n))
-        d2, _, _ = apply_fn(head.params, seq[:, 2:], f1[:, :-1], pos[:, 1:-1], init_cache(1, n))
+        seq, n = _padded(prompt + output)
+        pos = jnp.arange(seq.shape[1])[None]
+        logits, feats, _ = features(target.params, seq, pos, target.init_cache(1, seq.shape[1]))
+        d1, f1, _ = apply_fn(head.params, seq[:, 1:], feats[:, :-1], pos[:, :-1], init_cache(1, seq.shape[1]))
+        d2, _, _ = apply_fn(head.params, seq[:, 2:], f1[:, :-1], pos[:, 1:-1], init_cache(1, seq.shape[1]))
+        top = np.asarray(jnp.argmax(logits[0], -1))
         for step, d in enumerate((d1, d2)):
+            drafts = np.asarray(jnp.argmax(d[0], -1))
             for i in range(d.shape[1]):
                 drafted = i + 2 + step
                 if len(prompt) <= drafted < n:
                     counted[step] += 1
-                    hits[step] += int(jnp.argmax(d[0, i]) == jnp.argmax(logits[0, drafted - 1]))
+                    hits[step] += int(drafts[i] == top[drafted - 1])
     got = distill_eagle.agreement(target, head, records, batch_size=4)  # padded to 64, two rows empty
     assert got["tokens"] == counted[0] == sum(len(o) for _, o in records)
     assert (got["step1"], got["step2"]) == (hits[0] / counted[0], hits[1] / counted[1])
@@ -431,13 +444,12 @@ def test_acceptance_and_the_tuned_scale_match_a_per_position_reference(target, h
     scales = (0.5, 1.0, 2.0)
     sums, counted = np.zeros((2, 3)), 0
     for prompt, output in records:
-        seq = jnp.asarray([prompt + output])
-        n = seq.shape[1]
-        pos = jnp.arange(n)[None]
-        logits, feats, _ = features(target.params, seq, pos, target.init_cache(1, n))
+        seq, n = _padded(prompt + output)
+        pos = jnp.arange(seq.shape[1])[None]
+        logits, feats, _ = features(target.params, seq, pos, target.init_cache(1, seq.shape[1]))
         p = np.asarray(jax.nn.softmax(logits[0].astype(jnp.float32), -1))
-        d1, f1, _ = apply_fn(head.params, seq[:, 1:], feats[:, :-1], pos[:, :-1], init_cache(1, n))
-        d2, _, _ = apply_fn(head.params, seq[:, 2:], f1[:, :-1], pos[:, 1:-1], init_cache(1, n))
+        d1, f1, _ = apply_fn(head.params, seq[:, 1:], feats[:, :-1], pos[:, :-1], init_cache(1, seq.shape[1]))
+        d2, _, _ = apply_fn(head.params, seq[:, 2:], f1[:, :-1], pos[:, 1:-1], init_cache(1, seq.shape[1]))
         for step, d in enumerate((d1, d2)):
             rows = np.asarray(d[0], np.float64)[:, ids]  # full-vocabulary logits, the draft ids' columns
             for i in range(rows.shape[0]):
