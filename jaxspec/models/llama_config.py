@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxspec import dtypes
-from jaxspec.models.rope import ROPE_TYPES, check_rope, rotation
+from jaxspec.models.rope import check_rope, rope_from_hf, rotation
 
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP activations the Llama module implements (``LlamaConfig.mlp_activation``)
 ARCHITECTURES = {  # model_type -> the transformers class name an export writes
@@ -136,36 +136,6 @@ class LlamaConfig:
 # ----------------------------------------------------------------------------------------------- Hugging Face
 
 
-def _rope_from_hf(c: dict) -> tuple[str, dict, float, float]:
-    """``(rope_type, params, theta, partial_rotary_factor)`` from either ``rope_theta`` + ``rope_scaling``
-    (transformers 4) or ``rope_parameters`` (transformers 5)."""
-    raw = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"rope_scaling / rope_parameters must be a dict or null, got {raw!r}")
-    if raw and all(isinstance(v, dict) for v in raw.values()):
-        raise ValueError(f"per-layer-type RoPE parameters are not supported (got keys {sorted(raw)})")
-    params = dict(raw)
-    theta = params.pop("rope_theta", None) or c.get("rope_theta") or 10000.0
-    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params.pop("type", None)
-    rope_type = {"su": "longrope"}.get(rope_type, rope_type)  # early Phi-3 128k configs name LongRoPE "su"
-    partial = float(params.pop("partial_rotary_factor", None) or c.get("partial_rotary_factor") or 1.0)
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"unsupported rope type {rope_type!r}; supported: {sorted(ROPE_TYPES)}")
-    if rope_type in ("llama3", "yarn", "longrope"):
-        # transformers' order: a top-level original_max_position_embeddings (Phi-3) first, then the parameters',
-        # then max_position_embeddings; YaRN's and LongRoPE's factor defaults to max / original
-        original = c.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
-        params["original_max_position_embeddings"] = original or c.get("max_position_embeddings")
-        if rope_type in ("yarn", "longrope") and params.get("factor") is None and c.get("max_position_embeddings"):
-            params["factor"] = c["max_position_embeddings"] / params["original_max_position_embeddings"]
-        params = {k: v for k, v in params.items() if v is not None}  # transformers writes unset ones as null
-    if rope_type == "default":
-        params = {}
-    check_rope(rope_type, params)
-    return rope_type, params, float(theta), partial
-
-
 def build_config(
     c: dict,
     model_type: str,
@@ -208,7 +178,7 @@ def build_config(
     if any(t != "full_attention" for t in layer_types) or (not sliding and c.get("use_sliding_window")):
         raise ValueError(f"sliding-window layers are not supported for {model_type} (layer_types={layer_types})")
     heads = int(need("num_attention_heads"))
-    rope_type, rope_params, theta, partial_factor = _rope_from_hf(c)
+    rope_type, rope_params, theta, partial_factor = rope_from_hf(c)
     if partial_factor != 1.0 and not partial:
         raise ValueError(f"partial_rotary_factor={partial_factor} is not supported for {model_type} (only phi3)")
     head_dim = int(c.get("head_dim") or int(need("hidden_size")) // heads)
