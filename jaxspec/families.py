@@ -7,10 +7,11 @@ leaf of its params tree. A weight is declared once, with its path, logical axes,
 that one table serves ``jaxspec.hf.load`` (and the GGUF loader), ``jaxspec.export_hf`` and ``jaxspec.sharding``.
 
 Built-in records (``FAMILY`` in each module of ``jaxspec/models/``, all imported on the first lookup):
-``models.llama`` (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text), ``models.phi3`` (the Llama module
-with fused q/k/v and gate/up tensors) and ``models.gpt2``. A new family is one record passed to ``register``
-(in a new module of ``jaxspec/models/`` for a built-in one), which makes ``jaxspec.load`` read its
-``model_type``s, ``jaxspec.save`` checkpoint it and ``jaxspec.export_hf`` write it when it has ``config_to_hf``.
+``models.llama`` (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, granite), ``models.phi3`` (the Llama
+module with fused q/k/v and gate/up tensors), ``models.gpt2`` and ``models.gpt_neox``. A new family is one record
+passed to ``register`` (in a new module of ``jaxspec/models/`` for a built-in one), which makes ``jaxspec.load``
+read its ``model_type``s, ``jaxspec.save`` checkpoint it and ``jaxspec.export_hf`` write it when it has
+``config_to_hf``.
 """
 
 from __future__ import annotations

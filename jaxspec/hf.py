@@ -7,9 +7,9 @@ our configs, names the checkpoint tensor behind every leaf of our params tree (`
     model = jaxspec.load("path/to/Llama-3.2-1B", dtype="bfloat16")
 
 Supported now: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``gemma2``,
-``gemma3_text``; ``phi3`` with its fused projections) with the RoPE types of ``jaxspec.models.rope``; GPT-2
-(``gpt2``); the text model of multimodal ``gemma3``, ``mistral3`` and ``llava`` checkpoints
-(``jaxspec.hf_wrappers``). Add a family with ``jaxspec.families.register``.
+``gemma3_text``, ``granite``; ``phi3`` with its fused projections) with the RoPE types of ``jaxspec.models.rope``;
+GPT-2 (``gpt2``); GPT-NeoX (``gpt_neox``: Pythia); the text model of multimodal ``gemma3``, ``mistral3`` and
+``llava`` checkpoints (``jaxspec.hf_wrappers``). Add a family with ``jaxspec.families.register``.
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ GEMMA23 = dict(
     sliding_window=16,
     query_pre_attn_scalar=24,
 )
-GPT2_COMMON = dict(vocab_size=VOCAB, initializer_range=WEIGHT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# for configs that name their shape otherwise (GPT-2, GPT-NeoX): only what every fixture shares
+BARE_COMMON = dict(vocab_size=VOCAB, initializer_range=WEIGHT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 # name -> (config class, model class, config kwargs, options)
 # Gemma 3's text settings (gemma3_text_swa, and the text model of gemma3_multimodal): q/k norm, sliding layers with
@@ -168,7 +169,7 @@ FIXTURES = {
             activation_function="gelu_new",
             tie_word_embeddings=True,
         ),
-        {"gpt2": True},
+        {"common": BARE_COMMON},
     ),
     # Phi-3: the Llama math with fused qkv_proj / gate_up_proj tensors, GQA (so q, k, v take unequal rows of
     # qkv_proj), a sliding window shorter than the sequence, untied
@@ -363,6 +364,60 @@ FIXTURES = {
             )
         },
     ),
+    # (new fixtures go last: a fixture's seed is its index here)
+    # GPT-NeoX as Pythia: parallel residual, RoPE on a quarter of each head (4 of 16 dims), fused per-head q/k/v
+    # with biases, exact GELU, untied embed_out
+    "gpt_neox_parallel": (
+        transformers.GPTNeoXConfig,
+        transformers.GPTNeoXForCausalLM,
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=256,
+            hidden_act="gelu",
+            use_parallel_residual=True,
+            attention_bias=True,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+        ),
+        {"common": BARE_COMMON},
+    ),
+    # GPT-NeoX's other switches: sequential residual, no attention biases, half the head rotated with linear
+    # scaling over a small base, tanh GELU, a tied head
+    "gpt_neox_sequential_linear": (
+        transformers.GPTNeoXConfig,
+        transformers.GPTNeoXForCausalLM,
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=48,
+            max_position_embeddings=256,
+            hidden_act="gelu_new",
+            use_parallel_residual=False,
+            attention_bias=False,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=1000.0, partial_rotary_factor=0.5),
+        ),
+        {"common": BARE_COMMON},
+    ),
+    # Granite 3: Llama with its four multipliers (embeddings, residual branches, attention scores, logits), GQA, tied
+    "granite_multipliers": (
+        transformers.GraniteConfig,
+        transformers.GraniteForCausalLM,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            embedding_multiplier=3.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.1,
+            logits_scaling=2.5,
+        ),
+        {},
+    ),
 }
 
 
@@ -398,7 +453,7 @@ def _tokenizer(directory: Path) -> None:
 def make(name: str, seed: int) -> None:
     config_cls, model_cls, kwargs, opts = FIXTURES[name]
     torch.manual_seed(seed)
-    common = GPT2_COMMON if opts.get("gpt2") else COMMON
+    common = opts.get("common", COMMON)
     config = config_cls(**{**common, **kwargs})
     if opts.get("wrapper"):  # a multimodal wrapper around that text config
         wrapper_cls, wrapper_kwargs = opts["wrapper"]

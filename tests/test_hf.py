@@ -36,7 +36,7 @@ def _load(name, dtype="float32"):
 
 
 def test_fixtures_present():
-    assert len(NAMES) == 18, NAMES
+    assert len(NAMES) == 21, NAMES
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
     assert total < 3 * 2**20
 
@@ -60,7 +60,9 @@ def test_cached_decoding_matches_full_pass(name):
         np.testing.assert_allclose(cached, expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_qknorm", SHARDED, "gemma_gqa_tied", "gpt2_tied", PHI3])
+@pytest.mark.parametrize(
+    "name", ["llama_gqa", "qwen3_qknorm", SHARDED, "gemma_gqa_tied", "gpt2_tied", PHI3, "gpt_neox_parallel"]
+)
 def test_bfloat16(name):
     ids, expected = _expected(name)
     model = _load(name, "bfloat16")
@@ -114,6 +116,72 @@ def test_gpt2_config_and_variants(tmp_path):
         _edit_config(path, **changes)
         with pytest.raises(ValueError, match="not supported for gpt2"):
             jaxspec.load(path)
+
+
+def test_gpt_neox_config_spellings_and_errors(tmp_path):
+    """Pythia's config.json as transformers 4 wrote it (``rotary_pct``, ``rotary_emb_base``, ``rope_scaling``
+    null) reads as transformers 5's ``rope_parameters``: the same config and logits; without any rotary fraction
+    a quarter of each head rotates, as in transformers; what the module does not run is refused by name."""
+    ids, expected = _expected("gpt_neox_parallel")
+    model = _load("gpt_neox_parallel")
+    c = model.config
+    assert (c.rotary_dim, c.parallel_residual, c.attention_bias, c.tie_embeddings, c.activation) == (
+        4,
+        True,
+        True,
+        False,
+        "gelu",
+    )
+    assert set(model.params) == {"embed_in", "embed_out", "final_layer_norm", "layers"}
+    seq = _load("gpt_neox_sequential_linear").config
+    assert (seq.rotary_dim, seq.rope_type, seq.rope_params, seq.parallel_residual, seq.tie_embeddings) == (
+        8,
+        "linear",
+        (("factor", 2.0),),
+        False,
+        True,
+    )
+    legacy = _copy("gpt_neox_parallel", tmp_path / "legacy")
+    _edit_config(legacy, rope_parameters=None, rotary_pct=0.25, rotary_emb_base=10000, attention_bias=None)
+    default = _copy("gpt_neox_parallel", tmp_path / "default")
+    _edit_config(default, rope_parameters=None)
+    for path in (legacy, default):
+        loaded = jaxspec.load(path)
+        assert loaded.config == c
+        assert np.abs(np.asarray(loaded.logits(ids)) - expected).max() <= 1e-4
+    for i, (changes, match) in enumerate(
+        [
+            (dict(hidden_act="silu"), "hidden_act='silu' is not supported for gpt_neox"),
+            (dict(rope_parameters=None, rotary_pct=0.1), "rotary_pct 0.1 gives 1 rotary dimensions"),
+            (dict(rope_parameters=None, rope_scaling={"type": "dynamic", "factor": 2.0}), "rope type 'dynamic'"),
+            (dict(num_attention_heads=3), "must divide by num_attention_heads 3"),
+        ]
+    ):
+        path = _copy("gpt_neox_parallel", tmp_path / str(i))
+        _edit_config(path, **changes)
+        with pytest.raises(ValueError, match=match):
+            jaxspec.load(path)
+
+
+def test_granite_multipliers_and_their_defaults(tmp_path):
+    """Granite's four multipliers are read; left out, each is 1.0 (transformers' default), which the reference
+    logits then tell apart (the control that they count)."""
+    ids, expected = _expected("granite_multipliers")
+    c = _load("granite_multipliers").config
+    assert (c.embedding_multiplier, c.residual_multiplier, c.attention_multiplier, c.logits_scaling) == (
+        3.0,
+        0.5,
+        0.1,
+        2.5,
+    )
+    assert (c.tie_embeddings, c.num_kv_heads, c.qkv_bias) == (True, 2, False)
+    keys = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
+    for key in keys:
+        path = _copy("granite_multipliers", tmp_path / key)
+        _edit_config(path, **{key: None})
+        model = jaxspec.load(path)
+        assert getattr(model.config, key) == 1.0
+        assert np.abs(np.asarray(model.logits(ids)) - expected).max() > 0.05, key
 
 
 def test_gemma_activation_spellings(tmp_path):
@@ -367,3 +435,29 @@ def test_rope_registry_llama3_bands():
         rope.inverse_frequencies(head_dim, theta, "factors", factors=divisors[:-1])
     with pytest.raises(ValueError, match="must be 32 finite numbers > 0"):
         rope.inverse_frequencies(head_dim, theta, "factors", factors=(0.0,) * 32)
+
+
+def test_gpt_neox_speculative_greedy_equals_plain_and_shards_by_heads():
+    """A GPT-NeoX target verifying drafts of noisy copies of itself (α high and low): greedy output is plain
+    decoding's. On a mesh the fused q/k/v projection splits over the model axis (by whole heads here)."""
+    from jaxspec.models import gpt_neox
+
+    target = _load("gpt_neox_parallel")
+    ids, _ = _expected("gpt_neox_parallel")
+    prompts = [ids[0, :9].tolist(), ids[1, :4].tolist()]
+    kw = dict(max_new_tokens=12, temperature=0.0, eos_token_id=())
+    plain = jaxspec.generate(target, prompts, **kw)
+    leaves, tree = jax.tree.flatten(target.params)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    alphas = []
+    for scale in (0.1, 0.3):
+        noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+        draft = target.replace(params=jax.tree.unflatten(tree, noisy), name=f"noisy-{scale}")
+        spec = jaxspec.generate(target, prompts, draft=draft, gamma=3, **kw)
+        assert spec.tokens == plain.tokens
+        alphas.append(spec.stats.acceptance_rate)
+    assert alphas[0] > 0.5 > alphas[1] > 0, alphas  # both accepting and correcting rounds
+    shardings = gpt_neox.FAMILY.shardings(target.config, {"data": 4, "model": 2})
+    assert shardings["layers"]["attention"]["query_key_value"]["kernel"].spec == jax.sharding.PartitionSpec(
+        None, None, "model"
+    )

@@ -60,15 +60,17 @@ def test_round_trip(variant, tmp_path):
     np.testing.assert_array_equal(np.asarray(model.logits(ids)), np.asarray(back.logits(ids)))
 
 
-# the multimodal fixtures' text models are the text-only fixtures' modules: exported the same way
-WRAPPED = ("gemma3_multimodal", "mistral3_multimodal", "llava_llama")
+# the multimodal fixtures' text models are the text-only fixtures' modules: exported the same way; GPT-2 and
+# GPT-NeoX have no export (test_refuses_other_families)
+LEFT_OUT = ("gemma3_multimodal", "mistral3_multimodal", "llava_llama", "gpt2_tied")
 
 
-@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name not in WRAPPED))
+@pytest.mark.parametrize(
+    "fixture",
+    sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name not in LEFT_OUT and "neox" not in p.name),
+)
 def test_reexported_fixture_matches_the_reference_logits(fixture, tmp_path):
     """A transformers checkpoint, loaded and exported again, still gives transformers' logits."""
-    if fixture.startswith("gpt2"):
-        pytest.skip("export_hf supports the Llama family (Gemma included) only, not GPT-2")
     model = jaxspec.load(FIXTURES / fixture)
     back = jaxspec.load(export_hf(model, tmp_path / fixture))
     ref = np.load(FIXTURES / fixture / "expected.npz")
@@ -77,9 +79,10 @@ def test_reexported_fixture_matches_the_reference_logits(fixture, tmp_path):
         assert back.tokenizer.encode("def f(x):") == model.tokenizer.encode("def f(x):")
 
 
-def test_refuses_gpt2(tmp_path):
-    with pytest.raises(ValueError, match="Llama-family.*GPT2Config"):
-        export_hf(jaxspec.load(FIXTURES / "gpt2_tied"), tmp_path / "gpt2")
+@pytest.mark.parametrize("fixture, config", [("gpt2_tied", "GPT2Config"), ("gpt_neox_parallel", "GPTNeoXConfig")])
+def test_refuses_other_families(tmp_path, fixture, config):
+    with pytest.raises(ValueError, match=f"Llama-family.*{config}"):
+        export_hf(jaxspec.load(FIXTURES / fixture), tmp_path / fixture)
 
 
 def test_refuses_non_llama_and_non_empty(tmp_path):
@@ -101,6 +104,10 @@ def test_refuses_configs_without_a_model_type(tmp_path):
     gemma_qk = llama.LlamaConfig(**BASE, norm_offset=1.0, embed_scale=True, mlp_activation="gelu_tanh", qk_norm=True)
     with pytest.raises(ValueError, match="Gemma-style"):
         export_hf(_perturbed(gemma_qk, 0), tmp_path / "gemma_qk")
+    for i, extra in enumerate([dict(qk_norm=True), dict(sliding_window=8)]):
+        granite = llama.LlamaConfig(**BASE, logits_scaling=2.0, **extra)
+        with pytest.raises(ValueError, match="Granite"):
+            export_hf(_perturbed(granite, 0), tmp_path / f"granite{i}")
 
 
 @pytest.mark.parametrize("tied", [True, False])

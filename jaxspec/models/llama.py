@@ -2,8 +2,8 @@
 
 Config switches cover the Llama-family variants ``jaxspec.load`` reads: q/k/v (and output) projection biases
 (Qwen2, ``attention_bias``), per-head q/k RMSNorm before RoPE (Qwen3), RoPE types from ``models.rope`` (linear,
-llama3), a sliding attention window (Mistral) and Gemma's (1 + w) RMSNorm, sqrt(hidden)-scaled embeddings and
-GeGLU MLP.
+llama3), a sliding attention window (Mistral), Gemma's (1 + w) RMSNorm, sqrt(hidden)-scaled embeddings and
+GeGLU MLP, and Granite's embedding, residual, attention and logit multipliers.
 
 Parameters come in two layouts that ``apply_fn`` both takes: stacked (``init_params``, checkpoints, training, the
 weight table: every layer weight carries a leading ``[layers]`` axis, applied with ``nn.scan``, so compile time
@@ -54,7 +54,10 @@ def to_full_vocab(cfg: LlamaConfig, logits: jax.Array) -> jax.Array:
 
 
 def soft_cap(cfg: LlamaConfig, logits: jax.Array) -> jax.Array:
-    """Logits over the embedding rows, tanh soft-capped by ``cfg.final_softcap`` (Gemma 2), else as they are."""
+    """Logits over the embedding rows as the model finishes them: divided by ``cfg.logits_scaling`` (Granite), tanh
+    soft-capped by ``cfg.final_softcap`` (Gemma 2), else as they are."""
+    if cfg.logits_scaling != 1.0:
+        logits = logits / cfg.logits_scaling
     if cfg.final_softcap is None:
         return logits
     return jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
@@ -147,7 +150,7 @@ class Attention(nn.Module):
         k_cache, v_cache = k_all[layer], v_all[layer]
 
         q = q.reshape(batch, length, kvh, h // kvh, d)
-        scale = (cfg.query_pre_attn_scalar or d) ** -0.5
+        scale = cfg.attention_multiplier or (cfg.query_pre_attn_scalar or d) ** -0.5
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32) * scale
         if cfg.attn_softcap is not None:
             scores = jnp.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
@@ -189,10 +192,14 @@ class DecoderLayer(nn.Module):
         attn, k_all, v_all = Attention(cfg, name="attn")(rms_norm(cfg, "input_norm")(x), positions, k_all, v_all, layer)
         if cfg.sandwich_norms:  # Gemma 2/3: each sub-block's output normalized before the residual
             attn = rms_norm(cfg, "attn_out_norm")(attn)
+        if cfg.residual_multiplier != 1.0:  # Granite
+            attn = attn * cfg.residual_multiplier
         x = x + attn
         mlp = MLP(cfg, name="mlp")(rms_norm(cfg, "post_attn_norm")(x))
         if cfg.sandwich_norms:
             mlp = rms_norm(cfg, "mlp_out_norm")(mlp)
+        if cfg.residual_multiplier != 1.0:
+            mlp = mlp * cfg.residual_multiplier
         x = x + mlp
         return (x, k_all, v_all), None
 
@@ -222,6 +229,8 @@ class Llama(nn.Module):
         x = embed(to_rows(cfg, tokens))
         if cfg.embed_scale:  # like transformers: sqrt(hidden) rounded to the activation dtype first
             x = x * jnp.asarray(cfg.hidden_size**0.5, cfg.jnp_dtype)
+        if cfg.embedding_multiplier != 1.0:  # Granite (a Python float: the product keeps the activation dtype)
+            x = x * cfg.embedding_multiplier
         x, k, v = stack.apply_layers(DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split)
         x = rms_norm(cfg, "final_norm")(x)
         if hidden is True:

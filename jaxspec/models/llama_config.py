@@ -19,6 +19,7 @@ ARCHITECTURES = {  # model_type -> the transformers class name an export writes
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "granite": "GraniteForCausalLM",
 }
 
 
@@ -37,8 +38,8 @@ class LlamaConfig:
       tie_embeddings: the LM head is the embedding's transpose.
       dtype: name of the weights', activations' and caches' dtype (``jaxspec.dtypes``); logits are float32.
       init_std: standard deviation of random initialization.
-      qkv_bias, o_bias, qk_norm, sliding_window, embed_scale, mlp_activation, rotary_dim: family variants (comments
-        below).
+      qkv_bias, o_bias, qk_norm, sliding_window, embed_scale, mlp_activation, rotary_dim, Gemma 2/3's and Granite's
+        switches: family variants (comments below).
       vocab_ids: a reduced-vocabulary draft's ids in the full vocabulary (below); () for the full vocabulary.
 
     Raises ``ValueError`` naming the field for inconsistent values (heads, head_dim, RoPE, activation, ids).
@@ -80,6 +81,13 @@ class LlamaConfig:
     query_pre_attn_scalar: float | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    # Granite: embeddings times embedding_multiplier, each sub-block's output times residual_multiplier before it
+    # joins the residual stream, attention scores times attention_multiplier (None: query_pre_attn_scalar or
+    # head_dim, to the power -0.5) and logits divided by logits_scaling
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
 
     def __post_init__(self):
         if not isinstance(self.vocab_ids, tuple):
@@ -249,12 +257,19 @@ def _gemma23_config(c: dict, model_type: str, dtype: str) -> LlamaConfig:
     )
 
 
+GRANITE_MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
+
+
 def config_from_hf(c: dict, model_type: str, dtype: str) -> LlamaConfig:
     """``llama`` (``attention_bias``: q/k/v/o biases), ``mistral`` (sliding window), ``qwen2`` (q/k/v biases),
-    ``qwen3`` (q/k norm), ``gemma``, ``gemma2`` and ``gemma3_text`` (``_gemma23_config``)."""
+    ``qwen3`` (q/k norm), ``gemma``, ``gemma2`` and ``gemma3_text`` (``_gemma23_config``), ``granite`` (Llama's
+    with its four multipliers, each 1.0 when the config leaves it out, as in transformers)."""
     if model_type in ("gemma2", "gemma3_text"):
         return _gemma23_config(c, model_type, dtype)
     bias = bool(c.get("attention_bias", False))
+    if model_type == "granite":
+        cfg = build_config(c, model_type, dtype, qkv_bias=bias, o_bias=bias)
+        return dataclasses.replace(cfg, **{k: float(c.get(k) or 1.0) for k in GRANITE_MULTIPLIERS})
     return build_config(
         c,
         model_type,
@@ -280,6 +295,21 @@ def _model_type(cfg: LlamaConfig) -> str:
                 "local RoPE base, has no Hugging Face model_type"
             )
         return "gemma3_text" if cfg.qk_norm else "gemma2"
+    granite = (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.attention_multiplier, cfg.logits_scaling)
+    if granite != (1.0, 1.0, None, 1.0):
+        if (
+            not llama_like
+            or gemma23 != ((), None, False, None, None, None)
+            or cfg.qk_norm
+            or cfg.qkv_bias != cfg.o_bias
+        ):
+            raise ValueError(
+                "export_hf: Granite's multipliers on a model with other family switches (Gemma's, q/k norm, q/k/v "
+                "biases without an output bias) have no Hugging Face model_type"
+            )
+        if cfg.sliding_window is not None:
+            raise ValueError("export_hf: transformers' Granite has no sliding window")
+        return "granite"
     if gemma23 != ((), None, False, None, None, None):
         raise ValueError(
             "export_hf: per-layer attention types, a local RoPE base, soft-capping or query_pre_attn_scalar are "
@@ -348,8 +378,11 @@ def config_to_hf(cfg: LlamaConfig, model_type: str | None = None) -> dict:
     if model_type not in (None, inferred):
         raise ValueError(f"export_hf: this config is a {inferred!r} model, not model_type={model_type!r}")
     config = common_hf_config(cfg, inferred, ARCHITECTURES[inferred])
-    if inferred in ("llama", "gemma"):
+    if inferred in ("llama", "gemma", "granite"):
         config["attention_bias"] = cfg.o_bias
+    if inferred == "granite":
+        multiplier = cfg.attention_multiplier or (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+        config.update({k: getattr(cfg, k) for k in GRANITE_MULTIPLIERS}, attention_multiplier=multiplier)
     if inferred.startswith("gemma"):
         config["hidden_act"] = config["hidden_activation"] = "gelu_pytorch_tanh"
     if inferred in ("gemma2", "gemma3_text"):
