@@ -21,6 +21,8 @@ the same family record (``jaxspec.families``) as ``jaxspec.hf.load``:
   checkpoints; the sliding window from ``phi3.attention.sliding_window`` (0: none); LongRoPE (128k files:
   ``rope_factors_short`` and ``rope_factors_long`` tensors, ``rope.scaling.attn_factor``) as transformers'
   ``longrope``; a ``rope.dimension_count`` below the head size as a partial rotary factor (Phi-4-mini).
+- ``granite`` (IBM Granite 3.x): permuted as ``llama``; its multipliers from ``embedding_scale``,
+  ``residual_scale``, ``attention.scale`` and ``logit_scale``.
 
 RoPE scaling: ``linear``; ``yarn`` (factor, original context length, beta_fast / beta_slow / attention factor where
 written; DeepSeek's and Mistral's log multiplier is refused); Llama 3.1's ``rope_freqs`` divisors.
@@ -57,8 +59,9 @@ ARCHITECTURES = {
     "gemma2": "gemma2",
     "gemma3": "gemma3_text",
     "phi3": "phi3",
+    "granite": "granite",
 }
-_PERMUTED_QK = {"llama"}  # converters that reorder q/k rows for llama.cpp's interleaved RoPE
+_PERMUTED_QK = {"llama", "granite"}  # converters that reorder q/k rows for llama.cpp's interleaved RoPE
 
 # per-layer GGUF tensor name -> Hugging Face name (after "model.layers.{i}.")
 _LAYER_NAMES = {
@@ -265,6 +268,14 @@ def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
         config["sliding_window"] = window or None
     if arch in ("gemma2", "gemma3"):
         config.update(_gemma23_fields(meta, arch, config, path))
+    if arch == "granite":  # its converter writes transformers' multipliers as *_scale; without attention.scale
+        # llama.cpp scales attention by head_dim ** -0.5 (transformers' Granite default would be 1.0)
+        config.update(
+            embedding_multiplier=meta.get("granite.embedding_scale"),
+            residual_multiplier=meta.get("granite.residual_scale"),
+            attention_multiplier=meta.get("granite.attention.scale") or head_dim**-0.5,
+            logits_scaling=meta.get("granite.logit_scale"),
+        )
     if arch == "qwen2":
         config["attention_bias"] = True
     elif "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_output.bias" in tensor_names:

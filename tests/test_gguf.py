@@ -455,6 +455,11 @@ def _write_hf_as_gguf(
         w.add_value_length(head_dim)
     if arch == "phi3":
         w.add_sliding_window((cfg.get("sliding_window") or 0) if faithful else 0)
+    if arch == "granite" and faithful:  # its converter: transformers' multipliers as *_scale
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
     w.add_rope_freq_base(rope["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_uint32(f"{arch}.vocab_size", cfg["vocab_size"])
@@ -478,7 +483,7 @@ def _write_hf_as_gguf(
             w.add_tensor("output.weight", x)
         else:
             _, _, layer, rest = name.split(".", 3)
-            permuted = arch == "llama" or (arch == "qwen3" and not faithful)
+            permuted = arch in ("llama", "granite") or (arch == "qwen3" and not faithful)
             if permuted and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
                 x = permute(x, heads if ".q_proj" in rest else kv)
             w.add_tensor(f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}", x)
@@ -545,13 +550,19 @@ def test_llama31_rope_freqs_and_qk_biases_match_transformers(tmp_path):
         ("qwen3_qknorm", "qwen3", dict(qk_norm=True, head_dim=16, num_kv_heads=1)),
         ("gemma_gqa_tied", "gemma", dict(norm_offset=1.0, embed_scale=True, head_dim=16)),
         ("phi3_fused_swa", "phi3", dict(sliding_window=16, tie_embeddings=False)),
+        (
+            "granite_multipliers",
+            "granite",
+            dict(embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=2.5),
+        ),
     ],
 )
 def test_qwen3_gemma_and_phi3_gguf_layouts_match_transformers(tmp_path, fixture, arch, expect):
     """The transformers-parity HF fixtures of Qwen3 (q/k norm, head size 16 ≠ hidden / heads), Gemma (norms stored
-    as 1 + w, scaled embeddings) and Phi-3 (fused q/k/v and gate/up, a 16-token sliding window), written as
-    llama.cpp's converter lays them out, give transformers' logits over 56 positions. Negative controls: Gemma's
-    norms read as stored, and Phi-3 without its window, do not; a Phi-3 LongRoPE file is refused."""
+    as 1 + w, scaled embeddings), Phi-3 (fused q/k/v and gate/up, a 16-token sliding window) and Granite (its
+    multipliers as *_scale keys, q/k permuted as Llama's), written as llama.cpp's converter lays them out, give
+    transformers' logits over 56 positions. Negative controls: Gemma's norms read as stored, Phi-3 without its
+    window, Granite without its scales, do not; a Phi-3 LongRoPE file is refused."""
     data = np.load(HF_FIXTURES / fixture / "expected.npz")
     model = jaxspec.load(_write_hf_as_gguf(tmp_path / f"{arch}.gguf", fixture, arch), tokenizer=False)
     assert {k: getattr(model.config, k) for k in expect} == expect
