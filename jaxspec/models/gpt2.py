@@ -18,7 +18,6 @@ import jax.numpy as jnp
 from jaxspec import dtypes, families
 from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.families import Weight
-from jaxspec.model import CausalLM
 from jaxspec.models import stack
 
 _ACTIVATIONS = {
@@ -214,48 +213,13 @@ def weights(cfg: GPT2Config) -> list[Weight]:
     return out
 
 
-@functools.cache
-def model_fns(cfg: GPT2Config):
-    """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared.
-    ``apply_fn`` takes the params stacked (``init_params``) or split per layer (``from_params``' default)."""
-
-    def apply_fn(params, tokens, positions, cache):
-        module, variables = stack.bind(GPT2, cfg, params)
-        return module.apply(variables, tokens, positions, cache)
-
-    def init_cache(batch_size: int, max_length: int) -> KVCache:
-        return KVCache.zeros(cfg.num_layers, batch_size, max_length, cfg.num_heads, cfg.head_dim, cfg.jnp_dtype)
-
-    return apply_fn, init_cache
-
-
-def init_params(cfg: GPT2Config, seed: int = 0):
-    """Random parameters (normal(init_std) weights, unit LayerNorm scales, zero biases)."""
-    _, init_cache = model_fns(cfg)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    return jax.jit(GPT2(cfg).init)(jax.random.key(seed), tokens, tokens, init_cache(1, 1))["params"]
-
-
-def from_params(
-    cfg: GPT2Config, params, *, tokenizer=None, eos_token_id=None, name="gpt2", split_layers: bool = True
-) -> CausalLM:
-    """A ``CausalLM`` over ``params`` (the tree ``init_params`` makes, or one already split) with GPT-2's apply and
-    cache functions; ``split_layers`` as in ``llama.from_params``."""
-    params = families.split_layers(params) if split_layers else families.stack_layers(params)
-    return CausalLM.from_config(
-        model_fns(cfg),
-        cfg,
-        params,
-        tokenizer=tokenizer,
-        eos_token_id=eos_token_id,
-        name=name,
-        param_axes=families.axes_table(weights(cfg)),
-    )
-
-
-def init(cfg: GPT2Config, seed: int = 0, **kwargs) -> CausalLM:
-    """A randomly initialized GPT-2 ``CausalLM``."""
-    return from_params(cfg, init_params(cfg, seed), **kwargs)
+_BUILDER = stack.Builder(GPT2, weights, "gpt2")
+model_fns, init_params, from_params, init = (
+    _BUILDER.model_fns,
+    _BUILDER.init_params,
+    _BUILDER.from_params,
+    _BUILDER.init,
+)
 
 
 # ----------------------------------------------------------------------------------------------- Hugging Face

@@ -24,7 +24,6 @@ import numpy as np
 from jaxspec import families
 from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.families import Weight
-from jaxspec.model import CausalLM
 from jaxspec.models import stack
 from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama is the family's public module
     ARCHITECTURES,
@@ -283,19 +282,13 @@ def weights(cfg: LlamaConfig) -> list[Weight]:
     return out
 
 
-@functools.cache
-def model_fns(cfg: LlamaConfig):
-    """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared.
-    ``apply_fn`` takes the params stacked (``init_params``) or split per layer (``from_params``' default)."""
-
-    def apply_fn(params, tokens, positions, cache):
-        module, variables = stack.bind(Llama, cfg, params)
-        return module.apply(variables, tokens, positions, cache)
-
-    def init_cache(batch_size: int, max_length: int) -> KVCache:
-        return KVCache.zeros(cfg.num_layers, batch_size, max_length, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype)
-
-    return apply_fn, init_cache
+_BUILDER = stack.Builder(Llama, weights, "llama")
+model_fns, init_params, from_params, init = (
+    _BUILDER.model_fns,
+    _BUILDER.init_params,
+    _BUILDER.from_params,
+    _BUILDER.init,
+)
 
 
 @functools.cache
@@ -320,39 +313,6 @@ def hidden_and_head(cfg: LlamaConfig, params, tokens, positions, cache):
     x, _ = module.apply(variables, tokens, positions, cache, True)
     head = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
     return x, head
-
-
-def init_params(cfg: LlamaConfig, seed: int = 0):
-    """Random parameters (normal(init_std) weights, unit norms)."""
-    apply_fn, init_cache = model_fns(cfg)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    variables = jax.jit(Llama(cfg).init)(jax.random.key(seed), tokens, tokens, init_cache(1, 1))
-    return variables["params"]
-
-
-def from_params(
-    cfg: LlamaConfig, params, *, tokenizer=None, eos_token_id=None, name="llama", split_layers: bool = True
-) -> CausalLM:
-    """A ``CausalLM`` over ``params`` (the tree ``init_params`` makes, or one already split) with the Llama apply and
-    cache functions. ``split_layers`` (default): hold each layer's weights in their own arrays
-    (``families.split_layers``), which decodes faster where XLA copies slices out of stacked weights (1.4× on
-    XLA:CPU for SmolLM2-135M; README) and compiles each layer once per program instead of once; False keeps the
-    stack (``nn.scan``: compile time independent of depth)."""
-    params = families.split_layers(params) if split_layers else families.stack_layers(params)
-    return CausalLM.from_config(
-        model_fns(cfg),
-        cfg,
-        params,
-        tokenizer=tokenizer,
-        eos_token_id=eos_token_id,
-        name=name,
-        param_axes=families.axes_table(weights(cfg)),
-    )
-
-
-def init(cfg: LlamaConfig, seed: int = 0, **kwargs) -> CausalLM:
-    """A randomly initialized Llama ``CausalLM``."""
-    return from_params(cfg, init_params(cfg, seed), **kwargs)
 
 
 def _ignored(cfg: LlamaConfig, name: str) -> bool:
