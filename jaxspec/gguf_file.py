@@ -23,6 +23,12 @@ the same family record (``jaxspec.families``) as ``jaxspec.hf.load``:
   ``longrope``; a ``rope.dimension_count`` below the head size as a partial rotary factor (Phi-4-mini).
 - ``granite`` (IBM Granite 3.x): permuted as ``llama``; its multipliers from ``embedding_scale``,
   ``residual_scale``, ``attention.scale`` and ``logit_scale``.
+- ``gpt2``: GPT-2's own names; its converter transposes the Conv1D weights to [out, in]: transposed back. An older
+  converter's ``output.weight`` (a copy of the tied head) is ignored.
+- ``gptneox`` (Pythia, GPT-NeoX-20B, Dolly v2): GPT-NeoX's own names; its converter reorders the fused q/k/v rows
+  from per head (q, k, v) to all q, all k, all v: put back per head.
+
+The metadata -> config part, per architecture, is ``jaxspec.gguf_config``.
 
 RoPE scaling: ``linear``; ``yarn`` (factor, original context length, beta_fast / beta_slow / attention factor where
 written; DeepSeek's and Mistral's log multiplier is refused); Llama 3.1's ``rope_freqs`` divisors.
@@ -46,21 +52,11 @@ from typing import Any
 import numpy as np
 
 from jaxspec import dtypes, families
-from jaxspec.gguf_reader import GGUFContents, GGUFError, model_name, read
+from jaxspec.gguf_config import ARCHITECTURES, ROPE_TENSORS, hf_config
+from jaxspec.gguf_reader import GGUFError, model_name, read
 from jaxspec.gguf_tokenizer import build_tokenizer, end_of_generation_ids
 from jaxspec.model import CausalLM
 
-# GGUF architecture -> the Hugging Face model_type whose family builds it
-ARCHITECTURES = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "gemma": "gemma",
-    "gemma2": "gemma2",
-    "gemma3": "gemma3_text",
-    "phi3": "phi3",
-    "granite": "granite",
-}
 _PERMUTED_QK = {"llama", "granite"}  # converters that reorder q/k rows for llama.cpp's interleaved RoPE
 
 # per-layer GGUF tensor name -> Hugging Face name (after "model.layers.{i}.")
@@ -100,190 +96,55 @@ _GLOBAL_NAMES = {
 }
 
 
-def _rope_freqs(contents: GGUFContents) -> list[float] | None:
-    """The per-dimension RoPE divisors of a ``rope_freqs.weight`` tensor (Llama 3.1's scaling, as llama.cpp's
-    converter stores it), or None."""
-    import gguf
-
-    for t in contents.tensors:
-        if t.name == "rope_freqs.weight":
-            return [float(x) for x in np.ravel(gguf.quants.dequantize(t.data, t.tensor_type))]
-    return None
+def _with_biases(names: dict[str, str]) -> dict[str, str]:
+    return {f"{g}.{kind}": f"{hf}.{kind}" for g, hf in names.items() for kind in ("weight", "bias")}
 
 
-def _yarn_scaling(meta: dict, arch: str, path: Path, need) -> dict:
-    """transformers' ``yarn`` parameters from llama.cpp's keys: its converter writes the factor, the original
-    context length, and beta_fast / beta_slow / attention_factor where the config sets them. DeepSeek's and
-    Mistral's log multiplier and an extrapolation factor have no transformers equivalent: refused."""
-    for key, neutral in (("rope.scaling.yarn_log_multiplier", 0.0), ("rope.scaling.yarn_ext_factor", 1.0)):
-        value = meta.get(f"{arch}.{key}")
-        if value is not None and float(value) != neutral:
-            raise GGUFError(f"{path}: YaRN with {arch}.{key} = {value} is not supported")
-    out = {
-        "rope_type": "yarn",
-        "factor": float(need("rope.scaling.factor")),
-        "original_max_position_embeddings": int(need("rope.scaling.original_context_length")),
-    }
-    for key, name in (
-        ("yarn_beta_fast", "beta_fast"),
-        ("yarn_beta_slow", "beta_slow"),
-        ("yarn_attn_factor", "attention_factor"),
-    ):
-        if meta.get(f"{arch}.rope.scaling.{key}") is not None:
-            out[name] = float(meta[f"{arch}.rope.scaling.{key}"])
-    return out
+# GPT-2 and GPT-NeoX keep their own Hugging Face names (LayerNorms with biases, one fused q/k/v):
+# architecture -> (global names, the layers' Hugging Face prefix, per-layer names)
+_GPT_LAYOUTS = {
+    "gpt2": (
+        {
+            "token_embd.weight": "transformer.wte.weight",
+            "position_embd.weight": "transformer.wpe.weight",
+            # older converters wrote the tied head as a copy of token_embd: lm_head is ignored by the family
+            "output.weight": "lm_head.weight",
+            **_with_biases({"output_norm": "transformer.ln_f"}),
+        },
+        "transformer.h",
+        _with_biases(
+            {
+                "attn_norm": "ln_1",
+                "ffn_norm": "ln_2",
+                "attn_qkv": "attn.c_attn",
+                "attn_output": "attn.c_proj",
+                "ffn_up": "mlp.c_fc",
+                "ffn_down": "mlp.c_proj",
+            }
+        ),
+    ),
+    "gptneox": (
+        {
+            "token_embd.weight": "gpt_neox.embed_in.weight",
+            "output.weight": "embed_out.weight",
+            **_with_biases({"output_norm": "gpt_neox.final_layer_norm"}),
+        },
+        "gpt_neox.layers",
+        _with_biases(
+            {
+                "attn_norm": "input_layernorm",
+                "ffn_norm": "post_attention_layernorm",
+                "attn_qkv": "attention.query_key_value",
+                "attn_output": "attention.dense",
+                "ffn_up": "mlp.dense_h_to_4h",
+                "ffn_down": "mlp.dense_4h_to_h",
+            }
+        ),
+    ),
+}
+_LLAMA_LAYOUT = (_GLOBAL_NAMES, "model.layers", _LAYER_NAMES)
 
 
-def _longrope_scaling(contents: GGUFContents, arch: str, path: Path, need) -> dict:
-    """transformers' ``longrope`` parameters from a Phi-3 128k / Phi-3.5 file: the per-frequency factors of
-    ``rope_factors_short.weight`` and ``rope_factors_long.weight``, the original context length, the factor (the
-    context length over it) and the attention factor llama.cpp's converter computed (``rope.scaling.attn_factor``)."""
-    import gguf
-
-    factors = {}
-    for t in contents.tensors:
-        if t.name in _ROPE_TENSORS[1:]:
-            factors[t.name] = [float(x) for x in np.ravel(gguf.quants.dequantize(t.data, t.tensor_type))]
-    for name in _ROPE_TENSORS[1:]:
-        if name not in factors:
-            raise GGUFError(f"{path}: LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight")
-    original = int(need("rope.scaling.original_context_length"))
-    out = {
-        "rope_type": "longrope",
-        "short_factor": factors["rope_factors_short.weight"],
-        "long_factor": factors["rope_factors_long.weight"],
-        "original_max_position_embeddings": original,
-        "factor": int(need("context_length")) / original,
-    }
-    if contents.fields.get(f"{arch}.rope.scaling.attn_factor") is not None:
-        out["attention_factor"] = float(contents.fields[f"{arch}.rope.scaling.attn_factor"])
-    return out
-
-
-def _gemma23_fields(meta: dict, arch: str, config: dict, path: Path) -> dict:
-    """Gemma 2/3's transformers fields as llama.cpp reads its file: the window (``attention.sliding_window``;
-    Gemma 3 without one: no sliding layers), the sliding layers from ``attention.sliding_window_pattern`` (a flag per
-    layer, or every n-th layer full) or llama.cpp's default (every 2nd layer full for Gemma 2, every 6th for Gemma
-    3), soft-capping, the attention scale llama.cpp derives from the size (1/sqrt(head size), 1/sqrt(hidden /
-    heads) for the 27B models: Gemma 2 of 46 layers, Gemma 3 of 62), and Gemma 3's sliding layers' RoPE base
-    (``rope.freq_base_swa``, default 10 000) beside the global one and its scaling."""
-    layers, window = config["num_hidden_layers"], meta.get(f"{arch}.attention.sliding_window")
-    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, list):
-        if len(pattern) != layers:
-            raise GGUFError(f"{path}: attention.sliding_window_pattern has {len(pattern)} flags for {layers} layers")
-        sliding = [bool(f) for f in pattern]
-    else:
-        every = int(pattern or (2 if arch == "gemma2" else 6))
-        sliding = [every == 0 or i % every < every - 1 for i in range(layers)]
-    if arch == "gemma2":
-        window = window or 4096  # llama.cpp's default for Gemma 2
-    if not window:
-        sliding = [False] * layers
-    big = (arch, layers) in (("gemma2", 46), ("gemma3", 62))
-    out = {
-        "sliding_window": int(window) if window else None,
-        "layer_types": ["sliding_attention" if f else "full_attention" for f in sliding],
-        "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"],
-        "attn_logit_softcapping": meta.get(f"{arch}.attn_logit_softcapping") if arch == "gemma2" else None,
-        "final_logit_softcapping": meta.get(f"{arch}.final_logit_softcapping") or None,
-    }
-    base, swa = config["rope_theta"], meta.get(f"{arch}.rope.freq_base_swa")
-    if arch == "gemma2" and swa is not None and float(swa) != base:
-        raise GGUFError(f"{path}: Gemma 2 with its own sliding layers' RoPE base ({swa}) is not supported")
-    if arch == "gemma3":
-        full = {**(config.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": base}
-        local = {"rope_type": "default", "rope_theta": float(swa) if swa is not None else 10000.0}
-        # the scaling read above applies to the full-attention layers only: it moves into their parameters
-        out["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
-        out["rope_scaling"] = None
-    return out
-
-
-def _hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
-    """A Hugging Face style ``config.json`` dict from the GGUF metadata and tensor table."""
-    meta = contents.fields
-    tensor_names = {t.name for t in contents.tensors}
-    rope_freqs = _rope_freqs(contents)
-
-    def need(key):
-        full = f"{arch}.{key}"
-        if meta.get(full) is None:
-            raise GGUFError(f"{path}: metadata has no {full!r}")
-        return meta[full]
-
-    heads = int(need("attention.head_count"))
-    kv = meta.get(f"{arch}.attention.head_count_kv", heads)
-    if isinstance(kv, list):
-        raise GGUFError(f"{path}: per-layer head_count_kv is not supported")
-    hidden = int(need("embedding_length"))
-    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
-    if not vocab:
-        raise GGUFError(f"{path}: metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    # the head size: attention.key_length where the converter wrote one (Mistral NeMo, Qwen3, Gemma: not hidden /
-    # heads), else hidden / heads; RoPE must rotate all of it
-    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
-    value_dim = int(meta.get(f"{arch}.attention.value_length") or head_dim)
-    rope_dims = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
-    if value_dim != head_dim:
-        raise GGUFError(f"{path}: attention.value_length {value_dim} != key_length {head_dim} is not supported")
-    if rope_dims != head_dim and arch != "phi3":  # Phi-4-mini rotates part of each head, as transformers' Phi-3
-        raise GGUFError(
-            f"{path}: rope.dimension_count {rope_dims} != the head size {head_dim} (partial RoPE is supported for "
-            "phi3 only)"
-        )
-    config = {
-        "model_type": ARCHITECTURES[arch],
-        "vocab_size": int(vocab),
-        "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": int(need("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(kv),
-        "head_dim": head_dim,
-        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "hidden_act": "gelu_pytorch_tanh" if arch.startswith("gemma") else "silu",
-    }
-    scaling = meta.get(f"{arch}.rope.scaling.type")
-    longrope = sorted(set(_ROPE_TENSORS[1:]) & tensor_names)
-    if scaling not in (None, "none", "linear", "yarn", "longrope"):
-        raise GGUFError(f"{path}: RoPE scaling type {scaling!r} is not supported (linear, yarn, longrope)")
-    if rope_freqs is not None and (scaling not in (None, "none") or longrope):
-        raise GGUFError(f"{path}: both RoPE scaling ({scaling or longrope}) and rope_freqs.weight: which applies?")
-    if scaling == "linear":
-        config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
-    elif scaling == "yarn":
-        config["rope_scaling"] = _yarn_scaling(meta, arch, path, need)
-    elif scaling == "longrope" or longrope:  # Phi-3's converter writes the two tensors, not always the type
-        config["rope_scaling"] = _longrope_scaling(contents, arch, path, need)
-    elif rope_freqs is not None:  # Llama 3.1's band rescaling, stored as one divisor per frequency
-        config["rope_scaling"] = {"rope_type": "factors", "factors": rope_freqs}
-    if arch == "phi3":
-        if rope_dims != head_dim:
-            config["partial_rotary_factor"] = rope_dims / head_dim
-        window = int(meta.get("phi3.attention.sliding_window") or 0)  # 0: none (llama.cpp's mark for Phi-4)
-        config["sliding_window"] = window or None
-    if arch in ("gemma2", "gemma3"):
-        config.update(_gemma23_fields(meta, arch, config, path))
-    if arch == "granite":  # its converter writes transformers' multipliers as *_scale; without attention.scale
-        # llama.cpp scales attention by head_dim ** -0.5 (transformers' Granite default would be 1.0)
-        config.update(
-            embedding_multiplier=meta.get("granite.embedding_scale"),
-            residual_multiplier=meta.get("granite.residual_scale"),
-            attention_multiplier=meta.get("granite.attention.scale") or head_dim**-0.5,
-            logits_scaling=meta.get("granite.logit_scale"),
-        )
-    if arch == "qwen2":
-        config["attention_bias"] = True
-    elif "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_output.bias" in tensor_names:
-        config["attention_bias"] = True
-    return config
-
-
-_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 _PERMUTED_NAMES = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
 
 
@@ -315,15 +176,16 @@ class _Tensors:
 
     @staticmethod
     def _hf_name(name: str, arch: str) -> str | None:
-        if name in _ROPE_TENSORS:  # read into the config (``_rope_freqs``, ``_longrope_scaling``), not weights
+        if name in ROPE_TENSORS:  # read into the config (``_rope_freqs``, ``_longrope_scaling``), not weights
             return None
-        if name in _GLOBAL_NAMES:
-            return _GLOBAL_NAMES[name]
+        global_names, prefix, layer_names = _GPT_LAYOUTS.get(arch, _LLAMA_LAYOUT)
+        if name in global_names:
+            return global_names[name]
         if name.startswith("blk."):
             _, index, rest = name.split(".", 2)
-            hf = _ARCH_LAYER_NAMES.get(arch, {}).get(rest) or _LAYER_NAMES.get(rest)
+            hf = _ARCH_LAYER_NAMES.get(arch, {}).get(rest) or layer_names.get(rest)
             if hf is not None:
-                return f"model.layers.{index}.{hf}"
+                return f"{prefix}.{index}.{hf}"
         return f"gguf:{name}"  # an unknown tensor: reported as unused by the loader
 
     def __contains__(self, name: str) -> bool:
@@ -351,6 +213,12 @@ class _Tensors:
             w = _unpermute(w, heads)
         if self.arch.startswith("gemma") and name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp folds Gemma's (1 + w) into the stored weight
+        if self.arch == "gptneox" and ".query_key_value." in name:
+            # its converter reorders the rows from per head (q, k, v) to all of q, then k, then v
+            heads = self.config["num_attention_heads"]
+            w = w.reshape(3, heads, -1, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
+        if self.arch == "gpt2" and w.ndim == 2 and name.startswith("transformer.h."):
+            w = w.T  # its converter transposes GPT-2's Conv1D [in, out] weights to llama.cpp's [out, in]
         return w
 
 
@@ -358,7 +226,7 @@ def read_config(path: str | os.PathLike) -> dict:
     """The Hugging Face style config the file's metadata describes (no tensor is dequantized)."""
     path = Path(path)
     reader = read(path)
-    return _hf_config(reader, _architecture(reader.fields, path), path)
+    return hf_config(reader, _architecture(reader.fields, path), path)
 
 
 def _architecture(meta: dict, path: Path) -> str:
@@ -385,7 +253,7 @@ def load(
     reader = read(path)
     meta = reader.fields
     arch = _architecture(meta, path)
-    config = _hf_config(reader, arch, path)
+    config = hf_config(reader, arch, path)
     family = families.family_for_model_type(config["model_type"])
     try:
         cfg = family.config_from_hf(config, config["model_type"], dtype)

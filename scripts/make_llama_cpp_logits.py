@@ -1,4 +1,5 @@
-"""Generate the Gemma 2 / Gemma 3 GGUF fixtures and llama.cpp's own logits on them (tests/fixtures/gguf/).
+"""Generate the Gemma 2 / Gemma 3, GPT-2 and GPT-NeoX GGUF fixtures and llama.cpp's own logits on them
+(tests/fixtures/gguf/).
 
 llama.cpp reads a few things of these architectures from the model size rather than from the file (the attention
 scale: 1/sqrt(head size), except 1/sqrt(hidden / heads) for the 27B models; the sliding-window pattern unless the
@@ -11,6 +12,11 @@ vocabulary llama.cpp needs to load a model and, for Gemma 3 (three layers that d
 six), the per-layer ``attention.sliding_window_pattern``; then runs them through llama.cpp (float32 KV cache, no
 flash attention, one thread) on the fixtures' token ids and saves the logits to ``llama_cpp_logits.npz``.
 
+GPT-2 (``gpt2_tied``) and GPT-NeoX (``gpt_neox_parallel``) are written by ``tests/gguf_writers.write_gpt``, the
+writer the tests use: llama.cpp's logits on them check that writer's layout (GPT-2's transposed Conv1D weights,
+GPT-NeoX's reordered q/k/v rows) against llama.cpp's own reading, so transformers' logits are a valid reference
+for the variants the tests write with it. They agree with transformers' to 1e-3 / 2e-3 (llama.cpp's GELU).
+
 It needs the llama.cpp venv of ``scripts/make_llama_cpp_fixtures.py`` with ``gguf`` and ``safetensors``:
 
     /tmp/lcppvenv/bin/pip install gguf==0.19.0 safetensors
@@ -20,6 +26,7 @@ It needs the llama.cpp venv of ``scripts/make_llama_cpp_fixtures.py`` with ``ggu
 from __future__ import annotations
 
 import json
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -29,9 +36,18 @@ import numpy as np
 from safetensors.numpy import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from gguf_writers import add_vocab, finish, write_gpt  # noqa: E402  (gguf, numpy and safetensors only)
+
 HF = ROOT / "tests" / "fixtures" / "hf"
 OUT = ROOT / "tests" / "fixtures" / "gguf"
-MODELS = {"gemma2_softcap_swa": "gemma2", "gemma3_text_swa": "gemma3"}  # HF fixture -> llama.cpp architecture
+# HF fixture -> llama.cpp architecture
+MODELS = {
+    "gemma2_softcap_swa": "gemma2",
+    "gemma3_text_swa": "gemma3",
+    "gpt2_tied": "gpt2",
+    "gpt_neox_parallel": "gptneox",
+}
 NAMES = {  # transformers' layer tensor names -> llama.cpp's (conversion/gemma.py via gguf's tensor map)
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "post_attention_norm.weight",
@@ -75,15 +91,7 @@ def write(fixture: str, arch: str, path: Path) -> None:
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(full["factor"])
         w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in cfg["layer_types"]])
-    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"w{i}" for i in range(cfg["vocab_size"] - 4)]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([3, 3, 3, 2] + [1] * (len(tokens) - 4))  # control, control, control, unknown, normal ...
-    w.add_pad_token_id(0)
-    w.add_eos_token_id(1)
-    w.add_bos_token_id(2)
-    w.add_unk_token_id(3)
+    add_vocab(w, cfg["vocab_size"])
     for name, x in load_file(HF / fixture / "model.safetensors").items():
         x = np.asarray(x, np.float32)
         if name.endswith("norm.weight"):  # Gemma's RMSNorm scales by 1 + w; llama.cpp stores 1 + w
@@ -95,10 +103,7 @@ def write(fixture: str, arch: str, path: Path) -> None:
         else:
             _, _, layer, rest = name.split(".", 3)
             w.add_tensor(f"blk.{layer}.{NAMES[rest]}", x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def logits(path: Path, ids: np.ndarray) -> np.ndarray:
@@ -117,7 +122,10 @@ def main() -> None:
     arrays = {}
     for fixture, arch in MODELS.items():
         path = OUT / f"{arch}_f32.gguf"
-        write(fixture, arch, path)
+        if arch.startswith("gpt"):  # the MLP's real width: llama.cpp sizes it from feed_forward_length
+            write_gpt(HF / fixture, arch, path, converter_ffn=False)
+        else:
+            write(fixture, arch, path)
         data = np.load(HF / fixture / "expected.npz")
         arrays[arch] = logits(path, data["ids"])
         diff = np.abs(arrays[arch] - data["logits"]).max()

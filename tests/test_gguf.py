@@ -685,3 +685,46 @@ def test_gemma2_and_gemma3_gguf_match_llama_cpp(arch, fixture):
         cfg = dataclasses.replace(model.config, layer_types=("sliding_attention",) * 3)
         all_sliding = llama.from_params(cfg, model.params)
         assert np.abs(np.asarray(all_sliding.logits(ids)) - reference).max() > 0.05
+
+
+@pytest.mark.parametrize(
+    "arch, fixture, expect",
+    [
+        ("gpt2", "gpt2_tied", dict(intermediate_size=64, max_positions=128, activation="gelu_tanh")),
+        (
+            "gptneox",
+            "gpt_neox_parallel",
+            dict(parallel_residual=True, rotary_dim=4, attention_bias=True, tie_embeddings=False, activation="gelu"),
+        ),
+        (
+            "gptneox",
+            "gpt_neox_sequential_linear",
+            dict(parallel_residual=False, rotary_dim=8, attention_bias=False, tie_embeddings=True, rope_type="linear"),
+        ),
+    ],
+)
+def test_gpt2_and_gptneox_gguf_match_transformers_and_llama_cpp(tmp_path, arch, fixture, expect):
+    """GPT-2 and GPT-NeoX files as llama.cpp's converter writes them (``gguf_writers.write_gpt``: GPT-2's Conv1D
+    weights transposed, its feed_forward_length 4 × the width whatever the MLP is, and, as older converters wrote
+    it, the tied head copied as output.weight; GPT-NeoX's q/k/v rows reordered q, k, v; partial RoPE, linear
+    scaling, parallel or sequential residual, biases or none, tied or not) give transformers' logits over 56
+    positions. The first two are also the files llama.cpp itself was run on (``scripts/make_llama_cpp_logits.py``):
+    jaxspec's logits equal llama.cpp's within 3e-3 (its tanh GELU). Negative controls: the same files with GPT-NeoX's
+    q/k/v rows left per head, GPT-2's square attention output left untransposed, do not match."""
+    from gguf_writers import write_gpt
+
+    data = np.load(HF_FIXTURES / fixture / "expected.npz")
+    tol = dict(atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
+    path = write_gpt(HF_FIXTURES / fixture, arch, tmp_path / f"{arch}.gguf", head_copy=arch == "gpt2")
+    model = jaxspec.load(path, tokenizer=False)
+    assert {k: getattr(model.config, k) for k in expect} == expect
+    np.testing.assert_allclose(np.asarray(model.logits(data["ids"])), data["logits"], **tol)
+    if fixture in ("gpt2_tied", "gpt_neox_parallel"):
+        reference = np.load(FIXTURES / "llama_cpp_logits.npz")[arch]
+        shipped = jaxspec.load(FIXTURES / f"{arch}_f32.gguf")
+        assert shipped.config == model.config and shipped.tokenizer is not None
+        np.testing.assert_allclose(np.asarray(shipped.logits(data["ids"])), reference, atol=3e-3, rtol=0)
+    wrong = jaxspec.load(
+        write_gpt(HF_FIXTURES / fixture, arch, tmp_path / "wrong.gguf", faithful=False), tokenizer=False
+    )
+    assert np.abs(np.asarray(wrong.logits(data["ids"])) - data["logits"]).max() > 1e-2
