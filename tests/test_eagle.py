@@ -57,6 +57,44 @@ def test_features_fn_matches_apply_fn(target):
     np.testing.assert_allclose(np.asarray(hidden) @ head, np.asarray(logits), rtol=1e-4, atol=1e-4)
 
 
+SCALED = {
+    "granite": dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=2.5),
+    "gemma2": dict(embed_scale=True, final_softcap=2.0),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SCALED))
+def test_a_head_scales_its_input_and_logits_as_its_target_does(kind):
+    """A head whose fc passes the token embedding through, with the target's one layer and final norm, computes the
+    target's own forward pass: on a Granite target (embedding, residual, attention and logit multipliers) and a
+    Gemma 2 style one (sqrt(hidden) embedding scale, final soft-capping) its logits are the target's over the
+    same tokens. Negative control: the same head with the target's input and logit scalings set to 1 is not."""
+    cfg = tiny_config(num_layers=1, **SCALED[kind])
+    params = llama.init_params(cfg, seed=3)
+    tokens = jnp.asarray([PROMPTS[2]])
+    positions = jnp.arange(tokens.shape[1])[None]
+    want, _ = llama.model_fns(cfg)[0](params, tokens, positions, llama.model_fns(cfg)[1](1, 16))
+    width = cfg.hidden_size
+    own = {
+        "fc": {"kernel": jnp.concatenate([jnp.eye(width), jnp.zeros((width, width))])},
+        "final_norm": params["final_norm"],
+        "layers": params["layers"],
+    }
+    feats = jnp.ones((1, tokens.shape[1], width))
+
+    def head_logits(head_cfg):
+        apply_fn, init_cache = eagle_model.head_fns(head_cfg)
+        both = {**own, **eagle_model.shared_params(head_cfg, params)}
+        return apply_fn(both, tokens, feats, positions, init_cache(1, 16))[0]
+
+    head_cfg = eagle_model.head_config(cfg)
+    np.testing.assert_allclose(np.asarray(head_logits(head_cfg)), np.asarray(want), rtol=1e-5, atol=1e-5)
+    unscaled = dataclasses.replace(
+        head_cfg, embedding_multiplier=1.0, logits_scaling=1.0, embed_scale=False, final_softcap=None
+    )
+    assert np.abs(np.asarray(head_logits(unscaled)) - np.asarray(want)).max() > 0.1
+
+
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_greedy_with_a_head_equals_plain(target, head, gamma):
     plain = jaxspec.generate(target, PROMPTS, max_new_tokens=30, temperature=0.0, eos_token_id=())

@@ -5,8 +5,10 @@ target predicted token ``j+1``) and the embedding of token ``j+1``, and predicts
 target's own LM head (restricted to the draft vocabulary, ``vocab_ids``) turns it into the draft's distribution
 over token ``j+2``. Later draft steps feed back the head's own predicted features. The input embedding and the
 LM head are the target's (passed in ``params`` as ``embed [V, hidden]`` and ``head [hidden, rows]``, not trained
-or stored with the head), so the head's own weights are one projection ``fc [2·hidden, hidden]``, its decoder
-layer(s) (``jaxspec.models.llama.DecoderLayer``, a KV cache of their own) and a final RMSNorm.
+or stored with the head), and so are the target's scalings around them (Gemma's embedding scale, Granite's
+embedding multiplier and logit scaling, Gemma 2's final soft-capping), so the head's own weights are one
+projection ``fc [2·hidden, hidden]``, its decoder layer(s) (``jaxspec.models.llama.DecoderLayer``, a KV cache of
+their own) and a final RMSNorm.
 
 The head's config is a ``LlamaConfig`` of the target's width (``num_layers`` the head's layers, ``vocab_ids`` the
 draft vocabulary, ``vocab_size`` the target's).
@@ -42,12 +44,15 @@ class EagleHead(nn.Module):
         table = self.param("embed", init, (cfg.vocab_size, width), dtype)
         head = self.param("head", init, (width, cfg.embed_rows), dtype)
         e = jnp.take(table, tokens, axis=0).astype(dtype)
-        if cfg.embed_scale:
+        if cfg.embed_scale:  # the target's own input scaling: Gemma's sqrt(hidden), Granite's multiplier
             e = e * jnp.asarray(width**0.5, dtype)
+        if cfg.embedding_multiplier != 1.0:
+            e = e * cfg.embedding_multiplier
         x = llama.dense(width, "fc", cfg)(jnp.concatenate([e, feats.astype(dtype)], axis=-1))
         x, k, v = stack.apply_layers(llama.DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split)
         f = llama.rms_norm(cfg, "final_norm")(x)
-        logits = jnp.einsum("bth,hv->btv", f, head, preferred_element_type=jnp.float32)
+        # finished as the target finishes its logits (Granite's logits_scaling, Gemma 2's soft-capping)
+        logits = llama.soft_cap(cfg, jnp.einsum("bth,hv->btv", f, head, preferred_element_type=jnp.float32))
         return (llama.to_full_vocab(cfg, logits) if full_vocab else logits), f, KVCache(k, v)
 
 
