@@ -27,7 +27,7 @@ _ACTIVATIONS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(stack.MultiHeadShape):
     """GPT-2's static shape (frozen, hashable).
 
     Attributes:
@@ -57,21 +57,6 @@ class GPT2Config:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")
         if self.intermediate_size is None:
             object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
-
-    @property
-    def head_dim(self) -> int:
-        """``hidden_size // num_heads``."""
-        return self.hidden_size // self.num_heads
-
-    @property
-    def num_kv_heads(self) -> int:
-        """``num_heads`` (GPT-2 has no grouped-query attention)."""
-        return self.num_heads
-
-    @property
-    def jnp_dtype(self):
-        """The ``jnp`` dtype named by ``dtype``."""
-        return dtypes.DTYPES[self.dtype]
 
 
 class LayerNorm(nn.Module):

@@ -38,7 +38,7 @@ _ACTIVATIONS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class GPTNeoXConfig:
+class GPTNeoXConfig(stack.MultiHeadShape):
     """GPT-NeoX's static shape (frozen, hashable).
 
     Attributes:
@@ -87,21 +87,6 @@ class GPTNeoXConfig:
         object.__setattr__(self, "rope_params", tuple(sorted(params.items())))
         check_rope(self.rope_type, params)
         rotation(self.rotary_dim or self.head_dim, self.rope_theta, self.rope_type, **params)  # every check, now
-
-    @property
-    def head_dim(self) -> int:
-        """``hidden_size // num_heads``."""
-        return self.hidden_size // self.num_heads
-
-    @property
-    def num_kv_heads(self) -> int:
-        """``num_heads`` (GPT-NeoX has no grouped-query attention)."""
-        return self.num_heads
-
-    @property
-    def jnp_dtype(self):
-        """The ``jnp`` dtype named by ``dtype``."""
-        return dtypes.DTYPES[self.dtype]
 
 
 def _dense(features: int, name: str, cfg: GPTNeoXConfig, bias: bool = True) -> nn.Dense:

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxspec import families
+from jaxspec import dtypes, families
 from jaxspec.cache import KVCache
 from jaxspec.model import CausalLM
 
@@ -54,6 +54,26 @@ def bind(module_cls, cfg, params) -> tuple[nn.Module, dict]:
         named.update({f"layers_{i}": p for i, p in enumerate(layers)})
         return module_cls(cfg, split=True), {"params": named}
     return module_cls(cfg), {"params": params}
+
+
+class MultiHeadShape:
+    """The derived shape fields of a config with ``hidden_size``, ``num_heads`` and ``dtype`` and no grouped-query
+    attention (GPT-2, GPT-NeoX), as ``LlamaConfig`` has them."""
+
+    @property
+    def head_dim(self) -> int:
+        """``hidden_size // num_heads``."""
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        """``num_heads``: every head has its own keys and values."""
+        return self.num_heads
+
+    @property
+    def jnp_dtype(self):
+        """The ``jnp`` dtype named by ``dtype``."""
+        return dtypes.DTYPES[self.dtype]
 
 
 @functools.cache
