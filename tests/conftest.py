@@ -7,7 +7,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import jax
+# The suite compiles hundreds of small programs whose run time is negligible, so compiling is most of its time:
+# XLA:CPU's cheapest settings (no LLVM optimisation, no fusion emitters) halve it. What a program computes does not
+# change (greedy comparisons and parity tolerances pass either way); programs users build (CLI, bench, notebooks
+# run by hand) compile with XLA's defaults. Subprocesses the tests start (CLI, multi-host, notebooks) inherit them.
+TEST_XLA_FLAGS = (
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+)
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
+import jax  # noqa: E402
 
 # Eight simulated CPU devices for the mesh tests (must precede any use of the backend; no effect elsewhere).
 jax.config.update("jax_num_cpu_devices", 8)

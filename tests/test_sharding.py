@@ -211,7 +211,9 @@ def test_two_processes_match_one(tmp_path, target, small_draft):
     its own prompts; both get every row, identical to one process on one device."""
     port, here = _free_port(), Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
-    env.pop("XLA_FLAGS", None)
+    # the workers set their own device count; the suite's compile flags (conftest) pass through
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags)
     procs = [
         subprocess.Popen(
             [sys.executable, str(here / "multihost_worker.py"), str(i), "2", str(port), str(tmp_path / f"out{i}.json")],
