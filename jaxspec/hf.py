@@ -8,8 +8,9 @@ our configs, names the checkpoint tensor behind every leaf of our params tree (`
 
 Supported now: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``gemma2``,
 ``gemma3_text``, ``granite``; ``phi3`` with its fused projections) with the RoPE types of ``jaxspec.models.rope``;
-GPT-2 (``gpt2``); GPT-NeoX (``gpt_neox``: Pythia); the text model of multimodal ``gemma3``, ``mistral3`` and
-``llava`` checkpoints (``jaxspec.hf_wrappers``). Add a family with ``jaxspec.families.register``.
+GPT-2 (``gpt2``); GPT-NeoX (``gpt_neox``: Pythia); the text model of multimodal ``gemma3``, ``mistral3``,
+``llava``, ``qwen2_vl`` and ``qwen2_5_vl`` checkpoints (``jaxspec.hf_wrappers``). Add a family with
+``jaxspec.families.register``.
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ def load(
     config = _read_json(root / "config.json")
     tensors = None
     if hf_wrappers.is_wrapper(config):  # a multimodal checkpoint: its text model alone
-        config = hf_wrappers.text_config(config)
-        tensors = hf_wrappers.text_tensors(safetensors_file.open_dir(root), root)
+        wrapper, config = config["model_type"], hf_wrappers.text_config(config)
+        tensors = hf_wrappers.text_tensors(safetensors_file.open_dir(root), root, wrapper)
         config["tie_word_embeddings"] = "lm_head.weight" not in tensors
     model_type = config.get("model_type")
     try:

@@ -418,6 +418,73 @@ FIXTURES = {
         ),
         {},
     ),
+    # Qwen2-VL / Qwen2.5-VL: a Qwen2 text model (q/k/v biases) whose RoPE is M-RoPE (mrope_section splits each
+    # head's frequencies between temporal, height and width positions; on text-only ids the three are equal, so it
+    # is RoPE). Qwen2-VL untied (as 7B), Qwen2.5-VL tied (as 3B); tiny vision towers ride along (visual.*)
+    "qwen2_vl_untied": (
+        transformers.Qwen2VLTextConfig,
+        transformers.Qwen2VLForConditionalGeneration,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1]),
+        ),
+        {
+            "wrapper": (
+                transformers.Qwen2VLConfig,
+                dict(
+                    vision_config=dict(
+                        depth=1,
+                        embed_dim=16,
+                        num_heads=2,
+                        mlp_ratio=2,
+                        hidden_size=32,
+                        patch_size=2,
+                        spatial_merge_size=2,
+                        temporal_patch_size=2,
+                    ),
+                    image_token_id=VOCAB,
+                    video_token_id=VOCAB + 1,
+                    vision_start_token_id=VOCAB + 2,
+                    vision_end_token_id=VOCAB + 3,
+                    tie_word_embeddings=False,
+                ),
+            )
+        },
+    ),
+    "qwen2_5_vl_tied": (
+        transformers.Qwen2_5_VLTextConfig,
+        transformers.Qwen2_5_VLForConditionalGeneration,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_parameters=dict(rope_type="default", rope_theta=1000.0, mrope_section=[2, 1, 1]),
+        ),
+        {
+            "wrapper": (
+                transformers.Qwen2_5_VLConfig,
+                dict(
+                    vision_config=dict(
+                        depth=1,
+                        hidden_size=16,
+                        intermediate_size=32,
+                        num_heads=2,
+                        out_hidden_size=32,
+                        patch_size=2,
+                        spatial_merge_size=2,
+                        temporal_patch_size=2,
+                        window_size=8,
+                        fullatt_block_indexes=[0],
+                    ),
+                    image_token_id=VOCAB,
+                    video_token_id=VOCAB + 1,
+                    vision_start_token_id=VOCAB + 2,
+                    vision_end_token_id=VOCAB + 3,
+                    tie_word_embeddings=True,
+                ),
+            )
+        },
+    ),
 }
 
 
@@ -542,14 +609,62 @@ DEFAULTS.update(
 )
 
 
+# Qwen-VL: empty text_configs, and a hub config.json as Qwen/Qwen2.5-VL-7B-Instruct publishes it (the text model's
+# keys at the top level, transformers 4's "mrope" rope_scaling; its vision_config left out), which transformers reads
+# as the text config ("-hub": passed as the whole config)
+DEFAULTS.update(
+    {
+        "qwen2_vl-empty": (transformers.Qwen2VLConfig, {"model_type": "qwen2_vl_text"}),
+        "qwen2_5_vl-empty": (transformers.Qwen2_5_VLConfig, {"model_type": "qwen2_5_vl_text"}),
+        "qwen2_5_vl-hub": (
+            transformers.Qwen2_5_VLConfig,
+            {
+                "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+                "attention_dropout": 0.0,
+                "bos_token_id": 151643,
+                "eos_token_id": 151645,
+                "vision_start_token_id": 151652,
+                "vision_end_token_id": 151653,
+                "vision_token_id": 151654,
+                "image_token_id": 151655,
+                "video_token_id": 151656,
+                "hidden_act": "silu",
+                "hidden_size": 3584,
+                "initializer_range": 0.02,
+                "intermediate_size": 18944,
+                "max_position_embeddings": 128000,
+                "max_window_layers": 28,
+                "model_type": "qwen2_5_vl",
+                "num_attention_heads": 28,
+                "num_hidden_layers": 28,
+                "num_key_value_heads": 4,
+                "rms_norm_eps": 1e-06,
+                "rope_theta": 1000000.0,
+                "sliding_window": 32768,
+                "tie_word_embeddings": False,
+                "torch_dtype": "bfloat16",
+                "use_cache": True,
+                "use_sliding_window": False,
+                "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+                "vocab_size": 152064,
+            },
+        ),
+    }
+)
+
+
 def make_defaults() -> None:
-    """Write multimodal_text_defaults.json: {family: {"sparse": published text_config, "full": transformers' fill}}."""
+    """Write multimodal_text_defaults.json: {family: {"sparse": published text_config (a "-hub" case: the whole
+    config.json), "full": transformers' fill}}."""
     import copy
     import json
 
     out = {}
     for family, (config_cls, sparse) in DEFAULTS.items():
-        full = config_cls(text_config=copy.deepcopy(sparse)).text_config.to_dict()
+        if family.endswith("-hub"):
+            full = config_cls(**copy.deepcopy(sparse)).text_config.to_dict()
+        else:
+            full = config_cls(text_config=copy.deepcopy(sparse)).text_config.to_dict()
         kept = {}
         for k, v in full.items():
             try:
