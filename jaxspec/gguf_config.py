@@ -19,6 +19,7 @@ from jaxspec.gguf_reader import GGUFContents, GGUFError
 ARCHITECTURES = {
     "llama": "llama",
     "qwen2": "qwen2",
+    "qwen2vl": "qwen2",  # Qwen2-VL / Qwen2.5-VL's text model: M-RoPE, which is RoPE on text (jaxspec.hf_wrappers)
     "qwen3": "qwen3",
     "gemma": "gemma",
     "gemma2": "gemma2",
@@ -272,7 +273,15 @@ def hf_config(contents: GGUFContents, arch: str, path: Path) -> dict:
             attention_multiplier=meta.get("granite.attention.scale") or head_dim**-0.5,
             logits_scaling=meta.get("granite.logit_scale"),
         )
-    if arch == "qwen2":
+    if arch == "qwen2vl":
+        # M-RoPE's sections (temporal, height, width, and a fourth llama.cpp reserves): on text every token has one
+        # position in the first three, so they rotate as plain RoPE; a fourth section would rotate by another
+        sections = list(meta.get("qwen2vl.rope.dimension_sections") or [])
+        if any(sections[3:]):
+            raise GGUFError(
+                f"{path}: qwen2vl.rope.dimension_sections {sections} with a fourth section is not supported"
+            )
+    if arch in ("qwen2", "qwen2vl"):
         config["attention_bias"] = True
     elif "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_output.bias" in tensor_names:
         config["attention_bias"] = True

@@ -425,20 +425,22 @@ def _write_hf_as_gguf(
 ):
     """An HF fixture (transformers' logits in its expected.npz) as llama.cpp's converter writes it, written here
     apart from jaxspec: llama.cpp's names, 1-D tensors F32, and per architecture: ``llama``, q/k weight rows and
-    biases permuted for its interleaved RoPE and Llama 3.1's scaling as ``rope_freqs.weight``; ``gemma``, RMSNorm
-    weights stored as 1 + w; the head size as ``attention.key_length`` where the config states one; ``phi3``, q/k/v and
-    gate/up fused as in the checkpoint and ``attention.sliding_window``. ``faithful=False`` leaves out the step of
-    each architecture its negative control needs: Llama's rope_freqs, Gemma's 1 + w, Phi-3's window; for Qwen3
-    it permutes the q/k rows as for Llama. ``extra``: more tensors, name -> a value for every RoPE frequency.
-    ``meta``: metadata keys -> uint32 values that replace the helper's (None: the key left out). YaRN as its keys
-    (faithful: else plain RoPE); LongRoPE as Phi-3's converter writes it (its two factor tensors, the original
-    context and the attention factor; faithful: else plain RoPE).
-    ``split``: at most this many tensors per file, written as gguf-py's writer splits a model (as llama.cpp's
-    gguf-split does: <stem>-00001-of-0000N.gguf, ...); the shards' paths are returned."""
+    biases permuted for its interleaved RoPE and Llama 3.1's scaling as ``rope_freqs.weight``; ``gemma``,
+    RMSNorm weights stored as 1 + w; the head size as ``attention.key_length`` where the config states one;
+    ``phi3``, q/k/v and gate/up fused as in the checkpoint and ``attention.sliding_window``. ``faithful=False``
+    leaves out the step of each architecture its negative control needs: Llama's rope_freqs, Gemma's 1 + w,
+    Phi-3's window; for Qwen3 it permutes the q/k rows as for Llama; for qwen2vl it writes a fourth M-RoPE
+    section. ``extra``: more tensors, name -> a value for every RoPE frequency. ``meta``: metadata keys ->
+    uint32 values that replace the helper's (None: the key left out). YaRN as its keys (faithful: else plain
+    RoPE); LongRoPE as Phi-3's converter writes it (its two factor tensors, the original context and the
+    attention factor; faithful: else plain RoPE). ``split``: at most this many tensors per file, written as
+    gguf-py's writer splits a model (as llama.cpp's gguf-split does: <stem>-00001-of-0000N.gguf, ...); the
+    shards' paths are returned."""
     from safetensors.numpy import load_file
 
     src = HF_FIXTURES / fixture
     cfg = json.loads((src / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)  # a multimodal fixture: its text model (its vision tensors are not written)
     rope = cfg["rope_parameters"]
     heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
     head_dim = cfg.get("head_dim") or hidden // heads
@@ -461,6 +463,8 @@ def _write_hf_as_gguf(
         w.add_attention_scale(cfg["attention_multiplier"])
         w.add_logit_scale(cfg["logits_scaling"])
     w.add_rope_freq_base(rope["rope_theta"])
+    if arch == "qwen2vl":  # as its converter: M-RoPE's sections padded to four
+        w.add_rope_dimension_sections([*rope["mrope_section"], 0] if faithful else [*rope["mrope_section"], 1])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_uint32(f"{arch}.vocab_size", cfg["vocab_size"])
     for key, value in (meta or {}).items():
@@ -472,6 +476,8 @@ def _write_hf_as_gguf(
         return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
     for name, x in load_file(src / "model.safetensors").items():
+        if name.startswith("visual."):
+            continue
         x = np.asarray(x, np.float32)
         if arch == "gemma" and name.endswith("norm.weight") and faithful:
             x = x + 1.0
@@ -575,6 +581,21 @@ def test_qwen3_gemma_and_phi3_gguf_layouts_match_transformers(tmp_path, fixture,
         path = _write_hf_as_gguf(tmp_path / "long.gguf", fixture, arch, extra={"rope_factors_long.weight": 1.0})
         with pytest.raises(gguf_file.GGUFError, match="LongRoPE needs both"):
             jaxspec.load(path, tokenizer=False)
+
+
+@pytest.mark.parametrize("fixture", ["qwen2_vl_untied", "qwen2_5_vl_tied"])
+def test_qwen2vl_gguf_matches_transformers(tmp_path, fixture):
+    """Qwen2-VL's and Qwen2.5-VL's text model as llama.cpp's converter writes it (architecture ``qwen2vl``, M-RoPE's
+    sections as ``rope.dimension_sections``, q/k/v biases, no vision tensors) gives transformers' logits on text-only
+    ids over 56 positions, tied and untied. A fourth section (which would rotate text otherwise) is refused."""
+    data = np.load(HF_FIXTURES / fixture / "expected.npz")
+    model = jaxspec.load(_write_hf_as_gguf(tmp_path / "vl.gguf", fixture, "qwen2vl"), tokenizer=False)
+    assert model.config.qkv_bias and model.config.tie_embeddings == (fixture == "qwen2_5_vl_tied")
+    logits = np.asarray(model.logits(data["ids"]))
+    np.testing.assert_allclose(logits, data["logits"], atol=2e-4 * max(1.0, np.abs(data["logits"]).max()), rtol=1e-4)
+    path = _write_hf_as_gguf(tmp_path / "fourth.gguf", fixture, "qwen2vl", faithful=False)
+    with pytest.raises(gguf_file.GGUFError, match="fourth section"):
+        jaxspec.load(path, tokenizer=False)
 
 
 @pytest.mark.parametrize(
