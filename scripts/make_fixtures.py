@@ -54,6 +54,11 @@ GEMMA23 = dict(
 # for configs that name their shape otherwise (GPT-2, GPT-NeoX): only what every fixture shares
 BARE_COMMON = dict(vocab_size=VOCAB, initializer_range=WEIGHT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
+# Qwen-VL's image / video / vision start and end ids: outside the 64-token vocabulary, so never in ids
+QWEN_VL_IDS = dict(
+    image_token_id=VOCAB, video_token_id=VOCAB + 1, vision_start_token_id=VOCAB + 2, vision_end_token_id=VOCAB + 3
+)
+
 # name -> (config class, model class, config kwargs, options)
 # Gemma 3's text settings (gemma3_text_swa, and the text model of gemma3_multimodal): q/k norm, sliding layers with
 # their own RoPE base (100) and a full layer with linear scaling over another (1000), three layers
@@ -443,10 +448,7 @@ FIXTURES = {
                         spatial_merge_size=2,
                         temporal_patch_size=2,
                     ),
-                    image_token_id=VOCAB,
-                    video_token_id=VOCAB + 1,
-                    vision_start_token_id=VOCAB + 2,
-                    vision_end_token_id=VOCAB + 3,
+                    **QWEN_VL_IDS,
                     tie_word_embeddings=False,
                 ),
             )
@@ -476,10 +478,7 @@ FIXTURES = {
                         window_size=8,
                         fullatt_block_indexes=[0],
                     ),
-                    image_token_id=VOCAB,
-                    video_token_id=VOCAB + 1,
-                    vision_start_token_id=VOCAB + 2,
-                    vision_end_token_id=VOCAB + 3,
+                    **QWEN_VL_IDS,
                     tie_word_embeddings=True,
                 ),
             )
