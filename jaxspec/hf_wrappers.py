@@ -32,11 +32,13 @@ WRAPPERS = {
 }
 # text model_types that run as another family's model (M-RoPE on text-only ids is RoPE: module docstring)
 _RUNS_AS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
-# wrappers whose hub config.json holds the text model's keys at its top level when it has no text_config
-_FLAT = ("qwen2_vl", "qwen2_5_vl")
+# Qwen-VL wrappers: their hub config.json holds the text model's keys at its top level (no text_config), and their
+# published tensors keep the text model's own names (_QWEN_PREFIXES)
+_QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
 
-# transformers' defaults (Gemma3TextConfig, MistralConfig, LlamaConfig) for the keys jaxspec reads; checked against
-# transformers in tests/fixtures/multimodal_text_defaults.json (scripts/make_fixtures.py --defaults)
+# transformers' defaults (Gemma3TextConfig, MistralConfig, LlamaConfig, Qwen2VLTextConfig, Qwen2_5_VLTextConfig) for
+# the keys jaxspec reads; checked against transformers in tests/fixtures/multimodal_text_defaults.json
+# (scripts/make_fixtures.py --defaults)
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(
         vocab_size=262_208,
@@ -119,11 +121,12 @@ def is_wrapper(config: dict) -> bool:
 
 
 def text_config(config: dict) -> dict:
-    """The text model's ``config.json`` inside a wrapper's: ``text_config`` over transformers' defaults for its
-    ``model_type`` (a key written as null stays null, as in transformers). EOS/BOS ids the wrapper sets at its top
-    level win over the text model's defaults."""
+    """The text model's ``config.json`` inside a wrapper's: ``text_config`` (Qwen-VL without one: the top-level
+    keys) over transformers' defaults for its ``model_type`` (a key written as null stays null, as in
+    transformers). EOS/BOS ids the wrapper sets at its top level win over the text model's defaults. Qwen-VL's text
+    model comes back as ``qwen2``, its M-RoPE as RoPE (module docstring)."""
     text = config.get("text_config")
-    if text is None and config["model_type"] in _FLAT:
+    if text is None and config["model_type"] in _QWEN_VL:
         text = {k: v for k, v in config.items() if k not in ("model_type", "vision_config", "architectures")}
     text = text or {}
     if not isinstance(text, dict):
@@ -160,7 +163,7 @@ def text_tensors(tensors, root, wrapper: str = "") -> dict[str, _Renamed]:
     ``model_type`` (Qwen-VL's published layout has names of its own). Raises ``ValueError`` when a name comes from
     two layouts at once or no text tensor is found."""
     out: dict[str, _Renamed] = {}
-    prefixes = _QWEN_PREFIXES if wrapper in _FLAT else _PREFIXES
+    prefixes = _QWEN_PREFIXES if wrapper in _QWEN_VL else _PREFIXES
     for name in tensors:
         for prefix, own in prefixes:
             if name.startswith(prefix):
