@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec import dtypes, families
-from jaxspec.cache import KVCache, causal_mask, write_layer
+from jaxspec.cache import KVCache
 from jaxspec.families import Weight
 from jaxspec.models import stack
 
@@ -99,15 +99,8 @@ class Attention(nn.Module):
         h, d = cfg.num_heads, cfg.head_dim
         qkv = _dense(3 * cfg.hidden_size, "c_attn", cfg)(x)
         q, k, v = (t.reshape(batch, length, h, d) for t in jnp.split(qkv, 3, axis=-1))
-        k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
-        k_cache, v_cache = k_all[layer], v_all[layer]
-        scores = jnp.einsum("bthd,bshd->bhts", q, k_cache, preferred_element_type=jnp.float32)
-        if cfg.scale_attn_weights:
-            scores = scores * d**-0.5
-        mask = causal_mask(positions, k_cache.shape[1])[:, None]
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
-        out = jnp.einsum("bhts,bshd->bthd", probs, v_cache).reshape(batch, length, h * d)
+        scale = d**-0.5 if cfg.scale_attn_weights else 1.0
+        out, k_all, v_all = stack.cached_attention(q, k, v, k_all, v_all, layer, positions, scale, cfg.jnp_dtype)
         return _dense(cfg.hidden_size, "c_proj", cfg)(out), k_all, v_all
 
 

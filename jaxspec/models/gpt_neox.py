@@ -20,11 +20,10 @@ import dataclasses
 import functools
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from jaxspec import dtypes, families
-from jaxspec.cache import KVCache, causal_mask, write_layer
+from jaxspec.cache import KVCache
 from jaxspec.families import Weight
 from jaxspec.models import stack
 from jaxspec.models.gpt2 import LayerNorm
@@ -120,13 +119,7 @@ class Attention(nn.Module):
         q, k, v = jnp.split(qkv.reshape(batch, length, h, 3 * d), 3, axis=-1)
         rot = rotation(cfg.rotary_dim or d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
         q, k = apply_rope(q, positions, rot), apply_rope(k, positions, rot)
-        k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
-        k_cache, v_cache = k_all[layer], v_all[layer]
-        scores = jnp.einsum("bthd,bshd->bhts", q, k_cache, preferred_element_type=jnp.float32) * d**-0.5
-        mask = causal_mask(positions, k_cache.shape[1])[:, None]
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
-        out = jnp.einsum("bhts,bshd->bthd", probs, v_cache).reshape(batch, length, h * d)
+        out, k_all, v_all = stack.cached_attention(q, k, v, k_all, v_all, layer, positions, d**-0.5, cfg.jnp_dtype)
         return _dense(cfg.hidden_size, "dense", cfg, cfg.attention_bias)(out), k_all, v_all
 
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec import dtypes, families
-from jaxspec.cache import KVCache
+from jaxspec.cache import KVCache, causal_mask, write_layer
 from jaxspec.model import CausalLM
 
 
@@ -43,6 +43,21 @@ def apply_layers(layer_cls, cfg, carry, positions, split: bool):
     )(cfg, name="layers")
     carry, _ = layers(carry, jnp.arange(cfg.num_layers), positions)
     return carry
+
+
+def cached_attention(q, k, v, k_all, v_all, layer, positions, scale: float, dtype):
+    """Multi-head attention over the cache for the GPT families (one KV head per query head): writes this pass's
+    ``k, v [B, T, heads, head_dim]`` into ``k_all, v_all [layers, B, S, heads, head_dim]`` at ``layer`` and
+    ``positions``, then attends causally with scores in float32 times ``scale``. Returns ``(out [B, T, heads *
+    head_dim] in dtype, k_all, v_all)``."""
+    batch, length, h, d = q.shape
+    k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
+    k_cache, v_cache = k_all[layer], v_all[layer]
+    scores = jnp.einsum("bthd,bshd->bhts", q, k_cache, preferred_element_type=jnp.float32) * scale
+    mask = causal_mask(positions, k_cache.shape[1])[:, None]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    return jnp.einsum("bhts,bshd->bthd", probs, v_cache).reshape(batch, length, h * d), k_all, v_all
 
 
 def bind(module_cls, cfg, params) -> tuple[nn.Module, dict]:
