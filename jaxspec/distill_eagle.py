@@ -216,7 +216,7 @@ def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: i
     only drafted tokens inside the output count. ``accept1`` / ``accept2``: the mean probability that a draft
     sampled at temperature 1 is accepted there, ``sum_v min(p_v, q_v)`` (p the target's softmax, q the head's at
     its ``temperature_scale``). Held-out measures for choosing a head without decoding (greedy α follows the
-    agreement, temperature-1 α the acceptance: README, HumanEval section)."""
+    agreement, temperature-1 α the acceptance: docs/humaneval-history.md)."""
     total, accept = _measure(target, head, data, batch_size)
     return {
         "step1": total[0] / max(total[1], 1),
