@@ -15,7 +15,7 @@ import numpy as np
 def export(root: Path) -> None:
     import jax
 
-    from jaxspec.hf_export import export_hf
+    from jaxspec.formats.hf_export import export_hf
     from jaxspec.models import llama
 
     base = dict(

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import jaxspec
-from jaxspec.distill import read_prompts
+from jaxspec.training.distill import read_prompts
 
 
 def main():

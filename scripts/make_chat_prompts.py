@@ -4,7 +4,7 @@
     python scripts/make_chat_prompts.py --split heldout --count 64 --out checkpoints/smol_heldout_prompts.jsonl
 
 Sources: the Python standard library's functions (``ast``) and the Python documentation's section titles, split
-into train / held-out by file exactly like ``jaxspec.corpus`` (held-out files are never trained on). Never
+into train / held-out by file exactly like ``jaxspec.training.corpus`` (held-out files are never trained on). Never
 HumanEval. Kinds, drawn with a fixed seed:
 
 - ``complete`` (55 %): a stdlib function cut after its docstring, inside a code fence, to complete;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxspec import corpus
+from jaxspec.training import corpus
 
 COMPLETE = [
     "Complete the following Python function:\n\n```python\n{code}```",

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 
-from jaxspec import corpus
+from jaxspec.training import corpus
 
 
 def main():

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxspec
-from jaxspec.cache import KVCache, causal_mask
+from jaxspec.core.cache import KVCache, causal_mask
 from jaxspec.models.llama import model_fns
 from jaxspec.models.rope import apply_rope, inverse_frequencies
 

@@ -25,8 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxspec
-from jaxspec import families
-from jaxspec.models import llama
+from jaxspec.models import families, llama
 
 
 def _median_ms(fn, *args, n=30, warmup=1):

@@ -25,9 +25,9 @@ jax.config.update("jax_num_cpu_devices", 8)
 # compiler (an abort in backend_compile_and_load, a segfault in put_executable_and_time, one with the cache off).
 # The cause was the workers' memory maps: XLA:CPU maps every kernel of a compiled program, and with layers held
 # split a worker that kept every program passed Linux's 65 530 maps ("LLVM compilation error: Cannot allocate
-# memory", then SIGSEGV). jaxspec.executables now bounds what is kept; see _bounded_memory_maps below.
+# memory", then SIGSEGV). jaxspec.loop.executables now bounds what is kept; see _bounded_memory_maps below.
 
-# The CLI turns JAX's persistent compilation cache on by default (jaxspec.compile_cache); in-process CLI tests must
+# The CLI turns JAX's persistent compilation cache on by default (jaxspec.loop.compile_cache); in-process CLI tests must
 # not point every later compile of their worker at ~/.cache. test_compile_cache turns it on in subprocesses.
 os.environ["JAXSPEC_COMPILATION_CACHE"] = "off"
 
@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from helpers import SMALL_DRAFT, VOCAB, tiny_config  # noqa: E402,F401  (tests import VOCAB/tiny_config from here)
 
-from jaxspec import executables  # noqa: E402
+from jaxspec.loop import executables  # noqa: E402
 from jaxspec.models import llama  # noqa: E402
 
 
@@ -89,7 +89,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="module", autouse=True)
 def _bounded_memory_maps():
     """After each module, what every Program does before it compiles: under memory-map pressure, release compiled
-    programs (jaxspec.executables). A worker compiles hundreds of programs, many through plain jax.jit, and on
+    programs (jaxspec.loop.executables). A worker compiles hundreds of programs, many through plain jax.jit, and on
     XLA:CPU each maps its kernels: past Linux's 65 530 maps per process, XLA's compiler crashes the worker."""
     yield
     executables.make_room()

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.acceptance import RejectionSampler
+from jaxspec.core.acceptance import RejectionSampler
 
 ONE = np.eye(4, dtype=np.float32)
 HALF_01 = np.array([0.5, 0.5, 0, 0], np.float32)

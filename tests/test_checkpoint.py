@@ -9,7 +9,7 @@ import pytest
 from helpers import tiny_hf_tokenizer
 
 import jaxspec
-from jaxspec import checkpoint
+from jaxspec.formats import orbax
 from jaxspec.models import llama
 
 CFG = llama.LlamaConfig(
@@ -24,11 +24,11 @@ def model():
 
 @pytest.fixture(scope="module")
 def saved(model, tmp_path_factory):
-    return checkpoint.save(model, tmp_path_factory.mktemp("ckpt") / "model")
+    return orbax.save(model, tmp_path_factory.mktemp("ckpt") / "model")
 
 
 def test_round_trip(model, saved):
-    back = checkpoint.load_orbax(saved)
+    back = orbax.load(saved)
     assert back.config == model.config and back.name == "tiny" and back.eos_token_id == (3, 5)
     for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(back.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -39,30 +39,30 @@ def test_round_trip(model, saved):
 
 
 def test_dtype_on_load(saved):
-    back = checkpoint.load_orbax(saved, dtype="bfloat16")
+    back = orbax.load(saved, dtype="bfloat16")
     assert {x.dtype.name for x in jax.tree.leaves(back.params)} == {"bfloat16"}
     assert back.config.dtype == "bfloat16"
     with pytest.raises(ValueError, match="dtype"):
-        checkpoint.load_orbax(saved, dtype="float8")
+        orbax.load(saved, dtype="float8")
 
 
 def test_restore_into_a_sharding(saved):
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[-1])
-    back = checkpoint.load_orbax(saved, sharding=sharding)
+    back = orbax.load(saved, sharding=sharding)
     assert all(x.sharding == sharding for x in jax.tree.leaves(back.params))
 
 
 def test_tokenizer_travels_with_the_model(model, tmp_path):
     tok = tiny_hf_tokenizer()
-    path = checkpoint.save(model.replace(tokenizer=tok), tmp_path / "with_tok")
-    back = checkpoint.load_orbax(path)
+    path = orbax.save(model.replace(tokenizer=tok), tmp_path / "with_tok")
+    back = orbax.load(path)
     text = "def f(x): return x"
     assert back.tokenizer.encode(text) == tok.encode(text)
 
 
 def test_refuses_to_overwrite(model, saved):
     with pytest.raises(FileExistsError, match="not empty"):
-        checkpoint.save(model, saved)
+        orbax.save(model, saved)
 
 
 def _copy(src, dst):
@@ -79,7 +79,7 @@ def test_truncated_data_is_a_clear_error(saved, tmp_path):
     with open(biggest, "r+b") as f:
         f.truncate(os.path.getsize(biggest) // 2)
     with pytest.raises(ValueError, match="incomplete or corrupted"):
-        checkpoint.load_orbax(broken)
+        orbax.load(broken)
 
 
 def test_missing_params_is_a_clear_error(saved, tmp_path):
@@ -88,20 +88,20 @@ def test_missing_params_is_a_clear_error(saved, tmp_path):
     broken = _copy(saved, tmp_path / "noparams")
     shutil.rmtree(broken / "params")
     with pytest.raises(ValueError, match="incomplete or corrupted"):
-        checkpoint.load_orbax(broken)
+        orbax.load(broken)
 
 
 def test_bad_metadata(saved, tmp_path):
     broken = _copy(saved, tmp_path / "badmeta")
     (broken / "jaxspec.json").write_text("{not json")
     with pytest.raises(ValueError, match="corrupted"):
-        checkpoint.load_orbax(broken)
+        orbax.load(broken)
     meta = json.loads((saved / "jaxspec.json").read_text())
     (broken / "jaxspec.json").write_text(json.dumps({**meta, "family": "rwkv"}))
     with pytest.raises(ValueError, match="unknown model family 'rwkv'.*llama"):
-        checkpoint.load_orbax(broken)
+        orbax.load(broken)
     with pytest.raises(FileNotFoundError, match="not a jaxspec model directory"):
-        checkpoint.load_orbax(tmp_path)
+        orbax.load(tmp_path)
 
 
 def test_jaxspec_load_dispatches(saved, tmp_path):
@@ -123,7 +123,7 @@ def test_gpt2_round_trip(tmp_path):
 
     cfg = gpt2.GPT2Config(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, max_positions=32, init_std=0.2)
     model = gpt2.init(cfg, seed=1, eos_token_id=2, name="tiny-gpt2")
-    path = checkpoint.save(model, tmp_path / "gpt2")
+    path = orbax.save(model, tmp_path / "gpt2")
     assert json.loads((path / "jaxspec.json").read_text())["family"] == "gpt2"
     back = jaxspec.load(path)
     assert back.config == cfg and back.eos_token_id == 2 and back.name == "tiny-gpt2"
@@ -131,5 +131,5 @@ def test_gpt2_round_trip(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     ids = np.arange(20).reshape(1, 20) % 64
     np.testing.assert_array_equal(np.asarray(model.logits(ids)), np.asarray(back.logits(ids)))
-    half = checkpoint.load_orbax(path, dtype="bfloat16")
+    half = orbax.load(path, dtype="bfloat16")
     assert all(x.dtype == jax.numpy.bfloat16 for x in jax.tree.leaves(half.params))

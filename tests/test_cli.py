@@ -110,7 +110,7 @@ def test_help_exits_zero(command, capsys):
 
 
 def test_distill_missing_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "jaxspec.distill", None)  # makes the import fail as if the module were absent
+    monkeypatch.setitem(sys.modules, "jaxspec.cli.distill", None)  # makes the import fail as if the module were absent
     assert cli.main(["distill", "--help"]) == 2
     assert "distill" in one_error_line(capsys.readouterr().err)
 
@@ -136,9 +136,9 @@ def test_bad_usage_is_one_line_and_exit_2(argv, needle, capsys, no_models):
 
 
 def test_default_draft_is_the_targets_own_drafter_at_its_own_gamma(pair, monkeypatch, capsys):
-    from jaxspec import eagle
-    from jaxspec.checkpoint import resolve
     from jaxspec.cli.models import default_draft
+    from jaxspec.drafters import eagle
+    from jaxspec.formats.paths import resolve
 
     own = default_draft("smollm2-135m-instruct")
     assert own == "jaxspec/smollm2-eagle" and eagle.is_head(resolve(own))  # SmolLM2's shipped EAGLE head

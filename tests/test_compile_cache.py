@@ -1,4 +1,4 @@
-"""The persistent compilation cache (jaxspec.compile_cache): a second process loads what the first compiled."""
+"""The persistent compilation cache (jaxspec.loop.compile_cache): a second process loads what the first compiled."""
 
 import json
 import os
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from jaxspec import cli, compile_cache
+from jaxspec import cli
+from jaxspec.loop import compile_cache
 
 # Runs in a fresh process: turns the cache on at argv[1], counts JAX's cache hits, decodes greedily with the
 # shipped pair and prints {"hits", "tokens"}.

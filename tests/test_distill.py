@@ -1,7 +1,6 @@
 """Draft distillation: α goes up, a killed run resumes to the same parameters, each loss is what it says and
 goes down, bad input fails before compiling, JSONL prompts parse, the CLI runs end to end."""
 
-import importlib
 import json
 
 import jax
@@ -11,9 +10,10 @@ import pytest
 from helpers import SMALL_DRAFT, VOCAB, count_compiles, tiny_config
 
 import jaxspec
+from jaxspec.cli import distill as distill_cli
 from jaxspec.models import llama
-
-D = importlib.import_module("jaxspec.distill")  # the module, even if the package re-exports the function
+from jaxspec.training import distill as D
+from jaxspec.training.common import learning_rate_at
 
 
 def _prompts(n, length=8, seed=0):
@@ -162,7 +162,7 @@ def test_learning_rate_schedule_is_optax_warmup_cosine():
 
     reference = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 5, 40, 3e-4)
     for count in (0, 1, 4, 5, 6, 20, 39, 40, 50):
-        np.testing.assert_allclose(D.learning_rate_at(count, 3e-3, 5, 40), reference(count), rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose(learning_rate_at(count, 3e-3, 5, 40), reference(count), rtol=1e-5, atol=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def test_cli_distills_and_saves_the_draft(tmp_path, small_draft, capsys):
     jaxspec.save(small_draft, tmp_path / "draft")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"turns": [p]}) + "\n" for p in _prompts(40)))
-    result = D.main(
+    result = distill_cli.main(
         [
             "--target",
             str(tmp_path / "target"),

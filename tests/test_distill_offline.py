@@ -1,4 +1,4 @@
-"""Offline distillation (jaxspec.distill_offline): stored target outputs -> a trained draft."""
+"""Offline distillation (jaxspec.training.offline): stored target outputs -> a trained draft."""
 
 import json
 
@@ -8,8 +8,8 @@ import pytest
 from helpers import tiny_config
 
 import jaxspec
-from jaxspec import distill_offline as d
 from jaxspec.models import llama
+from jaxspec.training import offline as d
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_bad_data_is_a_clear_error(tmp_path, target):
 
 @pytest.mark.parametrize("spec", ["hidden=32,layers=1,heads=2,kv_heads=1", "target_layers=1,vocab=30"])
 def test_cli_offline_distills_a_new_draft_and_saves_it(tmp_path, target, data, capsys, spec):
-    from jaxspec.distill import main
+    from jaxspec.training.distill import main
 
     jaxspec.save(target, tmp_path / "target")
     main(
@@ -209,7 +209,7 @@ def test_training_loss_is_the_models_own_soft_capped_nll():
 
     import jax.numpy as jnp
 
-    from jaxspec import families
+    from jaxspec.models import families
 
     cfg = tiny_config(final_softcap=0.5, init_std=0.3)
     model = llama.init(cfg, seed=0)

@@ -9,8 +9,8 @@ import pytest
 from helpers import VOCAB, count_compiles
 
 import jaxspec
+from jaxspec.core.sampling import SamplingParams, sample, warp
 from jaxspec.drafters import ModelDrafter, PromptLookup, Proposal
-from jaxspec.sampling import SamplingParams, sample, warp
 
 
 def reference_propose(row: list[int], length: int, gamma: int, max_n: int, min_n: int) -> list[int]:
@@ -182,7 +182,7 @@ def test_lookup_first_copies_where_it_matches_and_drafts_elsewhere(target, pertu
 
 
 def test_lookup_first_with_an_eagle_head_equals_plain(target):
-    from jaxspec import eagle
+    from jaxspec.drafters import eagle
     from jaxspec.models import eagle as eagle_model
 
     cfg = eagle_model.head_config(target.config)

@@ -1,4 +1,4 @@
-"""EAGLE heads (jaxspec.eagle, jaxspec.models.eagle, jaxspec.distill_eagle): exact greedy output through the loop
+"""EAGLE heads (jaxspec.eagle, jaxspec.models.eagle, jaxspec.training.eagle): exact greedy output through the loop
 and the engine, the feature window, saving and loading, clear errors, and training that raises acceptance.
 
 The statistical exactness of sampling with a head is in test_exactness.py (with its negative control)."""
@@ -13,11 +13,12 @@ import pytest
 from helpers import count_compiles, tiny_config
 
 import jaxspec
-from jaxspec import distill_eagle, eagle, families
-from jaxspec.distill_offline import parse_spec
+from jaxspec.core.sampling import SamplingParams
+from jaxspec.drafters import eagle
 from jaxspec.models import eagle as eagle_model
-from jaxspec.models import llama
-from jaxspec.sampling import SamplingParams
+from jaxspec.models import families, llama
+from jaxspec.training import eagle as distill_eagle
+from jaxspec.training.offline import parse_spec
 
 PROMPTS = [[5, 9, 11, 3, 7, 21, 40, 2, 8], [3], [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73], [17, 4]]
 
@@ -346,7 +347,7 @@ def test_auto_gamma_with_a_head_times_the_head_and_stays_exact(target, head):
 
 
 def test_cli_trains_an_eagle_head_and_saves_it(tmp_path, target, data, capsys):
-    from jaxspec.distill import main
+    from jaxspec.training.distill import main
 
     jaxspec.save(target, tmp_path / "target")
     flags = ["--target", str(tmp_path / "target"), "--new-draft", "eagle=1,vocab=30", "--data", str(data[0])]
@@ -382,7 +383,7 @@ def test_training_goes_on_from_a_given_head(tmp_path, target, head, data):
 
 
 def test_cli_goes_on_training_a_saved_head(tmp_path, target, head, data, capsys):
-    from jaxspec.distill import main
+    from jaxspec.training.distill import main
 
     jaxspec.save(target, tmp_path / "target")
     eagle.save(head, tmp_path / "head")

@@ -8,7 +8,7 @@ import pytest
 from helpers import VOCAB, count_compiles, resized
 
 import jaxspec
-from jaxspec.engine import Engine
+from jaxspec.generation.engine import Engine
 
 S = 64  # every slot's cache length (generate gets the same max_length)
 GAMMA = 3
@@ -212,7 +212,8 @@ def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturb
     """gamma="auto" in the engine: the standalone-step calibration compiles no loop but the one the run uses
     (calibrate="loops" would add the plain one), the rows are the target's greedy tokens, and the run's own
     rounds and acceptance are fed back to the policy for the next run of these shapes."""
-    from jaxspec import executables, loop
+    from jaxspec import loop
+    from jaxspec.loop import executables
 
     policy = jaxspec.policy.AutoGamma(gammas=(GAMMA,), margin=0.0)  # speculate whatever this machine's timings
     policy.set_alpha(target, perturbed_draft, True, 0.97)
@@ -230,7 +231,7 @@ def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturb
     got = {r.index: r.tokens for r in run}
     assert run.stats.gamma == run.stats.policy["gamma"] == GAMMA
     # one loop program; the same one compiled again counts once (a long test process can reach the bounds on kept
-    # executables, jaxspec.executables, which release least recently used ones: time, never a wrong result)
+    # executables, jaxspec.loop.executables, which release least recently used ones: time, never a wrong result)
     assert len(set(compiled)) == 1, (len(compiled), [k[0].gamma for k in compiled], executables.map_pressure())
     assert got == {r.index: r.tokens for r in Engine(target, **kw).run(reqs)}
     seen = policy.observed_rounds(target, perturbed_draft, 5, S)

@@ -6,7 +6,7 @@ Speculative decoding must return *exactly* the distribution of plain sampling fr
     P(x1, x2, x3) = prod_i warped_target(x_i | prompt, x_<i)
 
 from the target's full-sequence logits (no cache) and a NumPy reimplementation of the warping rule documented
-in ``jaxspec/sampling.py`` (nothing in ``jaxspec.sampling`` is used to build expected values). We then draw
+in ``jaxspec/sampling.py`` (nothing in ``jaxspec.core.sampling`` is used to build expected values). We then draw
 20 000 sequences in one batched ``generate`` call and run a chi-square goodness-of-fit test.
 
 The models are random but deliberately peaked (``init_std=0.3`` instead of 0.02, which would give nearly
@@ -36,10 +36,11 @@ import scipy.special
 import scipy.stats
 
 import jaxspec
-from jaxspec import eagle, llama
-from jaxspec.acceptance import RejectionSampler
+from jaxspec import llama
+from jaxspec.core.acceptance import RejectionSampler
+from jaxspec.core.sampling import SamplingParams, warp
+from jaxspec.drafters import eagle
 from jaxspec.models import eagle as eagle_model
-from jaxspec.sampling import SamplingParams, warp
 
 VOCAB = 5
 NEW_TOKENS = 3

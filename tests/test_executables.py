@@ -1,4 +1,4 @@
-"""Compiled programs are kept within bounds (jaxspec.executables): a count bound over every Program, least recently
+"""Compiled programs are kept within bounds (jaxspec.loop.executables): a count bound over every Program, least recently
 used released first, and memory-map pressure (XLA:CPU maps every kernel of an executable, and a process that keeps
 too many dies inside the compiler)."""
 
@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import pytest
 
 import jaxspec
-from jaxspec import executables, loop
+from jaxspec import loop
+from jaxspec.loop import executables
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import families
-from jaxspec.families import Weight
-from jaxspec.models import gpt2, gpt_neox, llama, phi3
+from jaxspec.models import families, gpt2, gpt_neox, llama, phi3
+from jaxspec.models.families import Weight
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4, num_kv_heads=2)

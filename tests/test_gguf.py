@@ -1,4 +1,4 @@
-"""GGUF loading (jaxspec.gguf_file): parity with transformers' own GGUF loading on tiny files in every
+"""GGUF loading (jaxspec.formats.gguf.loader): parity with transformers' own GGUF loading on tiny files in every
 quantization type (fixtures written by scripts/make_gguf_fixtures.py in a torch venv), with llama.cpp's own logits
 where llama.cpp reads a file differently from transformers' config (Gemma 2/3: scripts/make_llama_cpp_logits.py),
 config from metadata, and clear errors for damaged files, unknown architectures and unsupported variants."""
@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import gguf_file, gguf_reader, gguf_tokenizer, named
+from jaxspec.formats import named
+from jaxspec.formats.gguf import loader as gguf_file
+from jaxspec.formats.gguf import reader as gguf_reader
+from jaxspec.formats.gguf import tokenizer as gguf_tokenizer
 from jaxspec.models import llama
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
@@ -275,10 +278,10 @@ def test_real_drafters_greedy_speculative_equals_plain_on_humaneval_prompts(smol
     """The shipped draft model and EAGLE head for SmolLM2 verify exactly: greedy speculative output is the target's
     greedy output token for token, on HumanEval chat prompts (batch of 3, so rows advance by different accepted
     counts), and their drafts are far better than chance."""
-    from jaxspec import eagle
+    from jaxspec.drafters import eagle
 
     ids, plain = humaneval_greedy
-    if eagle.is_head(jaxspec.checkpoint.resolve(name)):
+    if eagle.is_head(jaxspec.formats.paths.resolve(name)):
         draft = eagle.load(name, smollm2)
     else:
         draft = jaxspec.load(name)

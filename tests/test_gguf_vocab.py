@@ -29,7 +29,9 @@ from pathlib import Path
 import gguf
 import pytest
 
-from jaxspec import gguf_reader, gguf_tokenizer, named
+from jaxspec.formats import named
+from jaxspec.formats.gguf import reader as gguf_reader
+from jaxspec.formats.gguf import tokenizer as gguf_tokenizer
 
 SDIST = "llama_cpp_python-0.3.36.tar.gz"
 URL = (

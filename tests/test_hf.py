@@ -224,7 +224,7 @@ def test_phi3_fused_tensors_and_sliding_window(tmp_path):
 
 
 def test_phi3_fused_tensor_with_extra_rows(tmp_path):
-    from jaxspec import safetensors_file
+    from jaxspec.formats import safetensors_file
 
     path = _copy(PHI3, tmp_path)
     tensors = {n: np.asarray(f.get(n)) for n, f in safetensors_file.open_dir(path).items()}

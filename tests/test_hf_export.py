@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.hf_export import export_hf
+from jaxspec.formats.hf_export import export_hf
 from jaxspec.models import llama
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
@@ -126,7 +126,7 @@ def test_reduced_vocabulary_exports_over_the_full_vocabulary(tied, tmp_path):
 
 def test_phi3_fixture_exports_as_phi3_with_the_same_fused_tensors(tmp_path):
     """Import splits qkv_proj / gate_up_proj by the weight table, export concatenates them back: bit for bit."""
-    from jaxspec import safetensors_file
+    from jaxspec.formats import safetensors_file
 
     model = jaxspec.load(FIXTURES / "phi3_fused_swa")
     out = export_hf(model, tmp_path / "phi3", model_type="phi3")

@@ -12,7 +12,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import jaxspec
-from jaxspec import families, hf_wrappers
+from jaxspec.formats import hf_wrappers
+from jaxspec.models import families
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 WRAPPED = ["gemma3_multimodal", "mistral3_multimodal", "llava_llama", "qwen2_vl_untied", "qwen2_5_vl_tied"]

@@ -12,7 +12,7 @@ import pytest
 from huggingface_hub import errors
 
 import jaxspec
-from jaxspec import hub
+from jaxspec.formats import hub
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LLAMA = FIXTURES / "hf" / "llama_gqa"

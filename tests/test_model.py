@@ -7,7 +7,7 @@ import pytest
 from conftest import VOCAB, tiny_config
 
 import jaxspec
-from jaxspec.cache import KVCache, write
+from jaxspec.core.cache import KVCache, write
 from jaxspec.models import llama
 
 

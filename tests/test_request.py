@@ -1,16 +1,13 @@
 """The host stages of ``generate`` one by one, without running a loop: the request (checks, tokenization, per-row
 values), the buckets and traced inputs, and the fixed-γ decision. Nothing here compiles."""
 
-import importlib
-
 import numpy as np
 import pytest
 from helpers import count_compiles
 
-from jaxspec import inputs
-from jaxspec.request import Request, is_int, is_real, make_request, per_row_ints, tokenize
-
-gen = importlib.import_module("jaxspec.generate")  # the module (the package attribute is the function)
+from jaxspec.generation import generate as gen
+from jaxspec.generation import inputs
+from jaxspec.generation.request import Request, is_int, is_real, make_request, per_row_ints, tokenize
 
 
 def test_number_checks_refuse_bools():
@@ -137,3 +134,35 @@ def test_bad_per_row_sampling_values(target, small_draft, kwargs, match):
     with count_compiles() as counts, pytest.raises(ValueError, match=match):
         make_request(target, [[1, 2, 3], [4, 5]], draft=small_draft, **kwargs)
     assert counts["compiles"] == 0
+
+
+def test_one_config_object_or_its_keywords(target, small_draft):
+    """``GenerationConfig`` holds the settings once: the object, its fields as keywords, or both (keywords win)
+    make the same checked request, and Engine takes the same; a misspelt setting is a TypeError naming it."""
+    import jaxspec
+    from jaxspec import GenerationConfig
+
+    config = GenerationConfig(draft=small_draft, gamma=3, max_new_tokens=[5, 6], temperature=0.0, seed=7)
+    by_object = make_request(target, [[1, 2, 3], [4]], config)
+    by_keywords = make_request(
+        target, [[1, 2, 3], [4]], draft=small_draft, gamma=3, max_new_tokens=[5, 6], seed=7, temperature=0
+    )
+    for field in ("gamma", "max_new", "seeds", "temperature", "eos", "draft"):
+        assert np.array_equal(getattr(by_object, field), getattr(by_keywords, field)), field
+    overridden = make_request(target, [[1, 2, 3], [4]], config, gamma=2, temperature=[0.5, 1.0])
+    assert (
+        overridden.gamma == 2 and overridden.temperature.tolist() == [0.5, 1.0] and overridden.seeds.tolist() == [7, 7]
+    )
+    assert config.gamma == 3 and config.replace(seed=1).seed == 1 and config.seed == 7  # frozen: copies
+    with count_compiles() as counts:
+        with pytest.raises(TypeError, match=r"generate\(\) got unknown setting\(s\) \['temprature'\]"):
+            jaxspec.generate(target, [[1, 2]], temprature=0.5)
+        with pytest.raises(TypeError, match=r"Engine\(\) got unknown setting\(s\) \['gama'\]"):
+            jaxspec.Engine(target, gama=2)
+        with pytest.raises(TypeError, match="config must be a jaxspec.GenerationConfig"):
+            jaxspec.generate(target, [[1, 2]], {"temperature": 0.5})
+        with pytest.raises(ValueError, match="gamma must be"):
+            jaxspec.Engine(target, config, gamma=0)  # checked at construction, as generate checks it
+    assert counts["compiles"] == 0
+    engine = jaxspec.Engine(target, config.replace(max_new_tokens=5), slots=2)
+    assert engine.config.draft is small_draft and engine.config.gamma == 3 and engine.config.max_new_tokens == 5

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from jaxspec.sampling import SamplingParams, sample, warp
+from jaxspec.core.sampling import SamplingParams, sample, warp
 
 DRAWS = 200_000
 
@@ -123,7 +123,7 @@ def test_fields_may_mix_scalars_and_rows():
 
 
 def _warp_before_per_row(logits, params):
-    """``jaxspec.sampling.warp`` as it was when parameters were scalars only (verbatim): the oracle for
+    """``jaxspec.core.sampling.warp`` as it was when parameters were scalars only (verbatim): the oracle for
     "scalar parameters give the old values"."""
     logits = logits.astype(jnp.float32)
     greedy = params.temperature <= 0

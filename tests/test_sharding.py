@@ -1,7 +1,6 @@
 """Generation on device meshes (8 simulated CPU devices, see conftest): same tokens as one device, really
 sharded params and caches, loading straight into the layout, clear errors, and two processes on loopback."""
 
-import importlib
 import json
 import os
 import socket
@@ -17,9 +16,10 @@ from jax.sharding import PartitionSpec as P
 from multihost_prompts import PROMPTS, engine_requests
 
 import jaxspec
-from jaxspec import families, loop, sharding
-
-gen = importlib.import_module("jaxspec.generate")  # the module (the package attribute is the function)
+from jaxspec import loop
+from jaxspec.generation import generate as gen
+from jaxspec.models import families
+from jaxspec.parallel import sharding
 
 MESHES = [{"data": 1, "model": 8}, {"data": 2, "model": 4}, {"data": 4, "model": 2}, {"data": 8, "model": 1}]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import jaxspec
-from jaxspec.checkpoint import shipped_dir
+from jaxspec.formats.paths import shipped_dir
 
 PROMPT = "def read_config(path):\n    with open(path) as f:\n"
 
@@ -62,7 +62,7 @@ def test_unknown_shipped_name_lists_the_available_ones():
 
 def test_checkpoint_readme_documents_the_pair():
     text = (Path(shipped_dir()) / "README.md").read_text()
-    for needle in ("python -m jaxspec.train", "held-out loss", "α", "speedup"):
+    for needle in ("jaxspec train", "held-out loss", "α", "speedup"):
         assert needle in text, needle
 
 

@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec import corpus, families, train
-from jaxspec.model import full_logits
-from jaxspec.models import llama
+from jaxspec.core.model import full_logits
+from jaxspec.models import families, llama
+from jaxspec.training import corpus
+from jaxspec.training import pretrain as train
 
 TINY = llama.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
 

@@ -1,5 +1,5 @@
-"""Shared training pieces (jaxspec.training, jaxspec.losses): one optimizer whether its schedule is given as numbers
-or traced arrays, one checkpoint layout that resumes, masked means that ignore padding."""
+"""Shared training pieces (jaxspec.training, jaxspec.training.losses): one optimizer whether its schedule is given as
+numbers or traced arrays, one checkpoint layout that resumes, masked means that ignore padding."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxspec import losses, training
+from jaxspec.training import common as training
+from jaxspec.training import losses
 
 
 def _params():

@@ -25,7 +25,7 @@ from jaxspec.bench.measure import (
     step_ratios,
 )
 from jaxspec.bench.pairs import Pair, make_prompt
-from jaxspec.generate import prepare
+from jaxspec.generation.generate import prepare
 
 
 @dataclasses.dataclass

@@ -44,12 +44,13 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec import inputs as inputs_lib
-from jaxspec import loop, sharding
-from jaxspec import slots as slots_lib
+from jaxspec import loop
 from jaxspec.bench import humaneval, shipped
 from jaxspec.bench.pairs import PAIRS
 from jaxspec.bench.sweep import batch_calls, paired_ratio, prompt_pool
+from jaxspec.generation import inputs as inputs_lib
+from jaxspec.loop import slots as slots_lib
+from jaxspec.parallel import sharding
 from jaxspec.policy import AutoGamma, measure_costs
 
 MODES = ("static-plain", "static-fixed", "cont-plain", "cont-fixed", "cont-auto", "cont-lookup")

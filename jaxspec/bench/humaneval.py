@@ -28,11 +28,12 @@ import time
 import jax
 
 import jaxspec
-from jaxspec import eagle, named
 from jaxspec.bench import measure
 from jaxspec.bench.bounds import bound_cpu
-from jaxspec.inputs import bucket_cache
-from jaxspec.jsonl import read_jsonl
+from jaxspec.drafters import eagle
+from jaxspec.formats import named
+from jaxspec.formats.jsonl import read_jsonl
+from jaxspec.generation.inputs import bucket_cache
 from jaxspec.policy import AutoGamma
 
 TARGET, DRAFT, HEAD = "smollm2-135m-instruct", "jaxspec/smollm2-draft", "jaxspec/smollm2-eagle"

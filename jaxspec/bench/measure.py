@@ -17,8 +17,8 @@ import numpy as np
 import jaxspec
 from jaxspec import loop
 from jaxspec.bench.pairs import Pair, make_prompt
-from jaxspec.generate import prepare
-from jaxspec.model import CausalLM
+from jaxspec.core.model import CausalLM
+from jaxspec.generation.generate import prepare
 
 # --------------------------------------------------------------------------------------------- model steps
 

@@ -16,9 +16,10 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec import loop, sharding
+from jaxspec import loop
 from jaxspec.bench.pairs import aligned_pair
-from jaxspec.generate import prepare
+from jaxspec.generation.generate import prepare
+from jaxspec.parallel import sharding
 
 
 def parse_shapes(text: str, devices: int) -> list[tuple[int, int]]:

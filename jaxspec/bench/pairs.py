@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxspec.model import CausalLM
+from jaxspec.core.model import CausalLM
 from jaxspec.models import llama
 
 

@@ -13,9 +13,9 @@ import statistics
 import jaxspec
 from jaxspec.bench import measure
 from jaxspec.bench.bounds import bound_cpu, bound_issue
-from jaxspec.checkpoint import shipped_dir
-from jaxspec.inputs import bucket_cache
-from jaxspec.jsonl import read_jsonl
+from jaxspec.formats.jsonl import read_jsonl
+from jaxspec.formats.paths import shipped_dir
+from jaxspec.generation.inputs import bucket_cache
 
 TARGET, DRAFT = "jaxspec/code-target", "jaxspec/code-draft"
 

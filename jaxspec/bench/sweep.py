@@ -29,7 +29,7 @@ import jax
 import jaxspec
 from jaxspec import loop
 from jaxspec.bench.shipped import TARGET, draft_name, load_prompts
-from jaxspec.generate import prepare
+from jaxspec.generation.generate import prepare
 from jaxspec.policy import AutoGamma
 
 

@@ -5,19 +5,22 @@
     jaxspec convert SRC DST [--to jaxspec|hf]          Hugging Face <-> jaxspec checkpoint directories
     jaxspec export-hf SRC DST                          the same as ``convert --to hf``
     jaxspec bench ...                                  ``python -m jaxspec.bench ...``
-    jaxspec distill ...                                (``jaxspec.distill_cli``)
+    jaxspec distill ...                                a draft model or EAGLE head for a target (``distill``)
+    jaxspec train ...                                  the shipped pair from scratch (``train``)
 
 ``main(argv) -> int`` is the exit code: 0 success, 2 bad usage or inputs (reported before any model is loaded
 whenever it can be known then), 1 a failure at run time. Errors are one line, ``jaxspec: error: ...``, on stderr.
 
 One module per subcommand: ``generate`` (flags, one streamed prompt) with ``batch`` (the resumable ``--input``
-job) and ``records`` (its records, summary table and plot), ``convert``; ``models`` loads the models named by
-the flags and ``common`` holds ``CliError``. The JSONL reading and appending is ``jaxspec.jsonl``.
+job) and ``records`` (its records, summary table and plot), ``convert``, ``distill``, ``train``; ``models`` loads
+the models named by the flags and ``common`` holds ``CliError``. The JSONL reading and appending is
+``jaxspec.formats.jsonl``. ``bench``, ``distill`` and ``train`` parse their own flags (``main`` forwards them).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from jaxspec.cli import convert, generate
@@ -45,7 +48,8 @@ __all__ = [
     "summary_table",
 ]
 
-FORWARDED = ("bench", "distill")  # subcommands whose arguments go, unparsed, to their module's own main
+FORWARDED = {"bench": "jaxspec.bench.__main__", "distill": "jaxspec.cli.distill", "train": "jaxspec.cli.train"}
+"""Subcommands whose arguments go, unparsed, to their module's own ``main``."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +59,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``jaxspec`` parser; each subcommand's parsed arguments carry their ``handler(args) -> exit code``.
-    ``bench`` and ``distill`` appear for ``--help`` only (``main`` forwards them before parsing)."""
+    ``bench``, ``distill`` and ``train`` appear for ``--help`` only (``main`` forwards them before parsing)."""
     import jaxspec
 
     p = _Parser(
@@ -76,19 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="distill a draft from a target: 'jaxspec distill --help'",
     )
+    sub.add_parser("train", add_help=False, help="train the shipped pair from scratch: 'jaxspec train --help'")
     return p
 
 
 def _forward(command: str, argv: list[str]) -> int:
-    if command == "bench":
-        from jaxspec.bench.__main__ import main as forwarded
-    else:
-        try:
-            from jaxspec.distill import main as forwarded
-        except ModuleNotFoundError as err:
-            if err.name != "jaxspec.distill":
-                raise
-            raise CliError("the distill command is not available: jaxspec.distill is not installed") from None
+    # imported on use: these commands import the whole of jaxspec and JAX, which `jaxspec --help` does not need
+    module = FORWARDED[command]
+    try:
+        forwarded = importlib.import_module(module).main
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+        raise CliError(f"the {command} command is not available: {module} is not installed") from None
     try:
         forwarded(argv)
     except SystemExit as exit_:  # argparse: --help (0) or bad flags (2, already reported by that parser)

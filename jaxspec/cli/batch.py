@@ -1,5 +1,5 @@
 """``jaxspec generate --input in.jsonl --output out.jsonl``: the resumable batch job. Prompts are read and checked
-(``jaxspec.jsonl.read_prompts``), ids already in the output are skipped, the rest is fed continuously to an
+(``jaxspec.formats.jsonl.read_prompts``), ids already in the output are skipped, the rest is fed continuously to an
 ``jaxspec.Engine`` of ``--batch-size`` slots (a finished row's slot takes the next prompt) and each record is
 appended and fsync'ed as soon as its row finishes; a per-category summary (``records.summary_table``) goes to
 stdout at the end."""
@@ -14,11 +14,11 @@ import re
 import sys
 from pathlib import Path
 
-from jaxspec import jsonl
 from jaxspec.cli.common import CliError, warn
 from jaxspec.cli.models import check_models, gen_kwargs, is_none, load_models
 from jaxspec.cli.records import make_record, plot_acceptance, summary_table
-from jaxspec.jsonl import Row
+from jaxspec.formats import jsonl
+from jaxspec.formats.jsonl import Row
 
 
 def row_seed(seed: int, row_id) -> int:

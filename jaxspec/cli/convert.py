@@ -38,8 +38,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Load ``args.src`` (a named model, a model directory or a GGUF file) and write it to the new or empty
     directory ``args.dst`` as ``args.to`` (``jaxspec`` or ``hf``); returns the exit code."""
     import jaxspec
-    from jaxspec import hub, named
-    from jaxspec.checkpoint import SHIPPED_PREFIX, resolve
+    from jaxspec.formats import hub, named
+    from jaxspec.formats.paths import SHIPPED_PREFIX, resolve
 
     if named.names_model(args.src) or (hub.is_repo_id(args.src) and not args.src.startswith(SHIPPED_PREFIX)):
         src = args.src  # a named model (GGUF) or a Hugging Face Hub id, resolved by jaxspec.load

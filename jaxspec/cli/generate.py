@@ -109,7 +109,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--compilation-cache",
         metavar="DIR",
         help="keep compiled programs in DIR so a later run's first call loads them instead of compiling; 'off' "
-        "disables it (default: $JAXSPEC_COMPILATION_CACHE, else ~/.cache/jaxspec/xla; jaxspec.compile_cache)",
+        "disables it (default: $JAXSPEC_COMPILATION_CACHE, else ~/.cache/jaxspec/xla; jaxspec.loop.compile_cache)",
     )
 
 
@@ -263,7 +263,7 @@ def one_prompt(args: argparse.Namespace) -> int:
 def compilation_cache(value: str | None):
     """``--compilation-cache``: turn JAX's persistent compilation cache on (``enable_compilation_cache``) unless
     ``value`` (or, without it, ``$JAXSPEC_COMPILATION_CACHE``) says off; returns its directory or None."""
-    from jaxspec.compile_cache import enable_compilation_cache, is_off
+    from jaxspec.loop.compile_cache import enable_compilation_cache, is_off
 
     if value is not None and is_off(value):
         return None

@@ -7,7 +7,8 @@ import argparse
 
 from jaxspec.cli.common import CliError
 
-DEFAULT_TARGET = "smollm2-135m-instruct"  # a named model: SmolLM2-135M-Instruct (GGUF, fetched once; jaxspec.named)
+# a named model: SmolLM2-135M-Instruct (GGUF, fetched once; jaxspec.formats.named)
+DEFAULT_TARGET = "smollm2-135m-instruct"
 # The default --draft: the target's own shipped drafter (``NamedModel.drafter``: SmolLM2's EAGLE head, the fastest
 # drafter on HumanEval), else prompt lookup, which needs no weights.
 DEFAULT_DRAFT = "prompt_lookup"
@@ -15,8 +16,8 @@ DEFAULT_DRAFT = "prompt_lookup"
 
 def default_draft(target: str) -> str:
     """The ``--draft`` of a command line that names none: ``target``'s shipped drafter when it is a named model
-    that has one (``jaxspec.named``), else ``DEFAULT_DRAFT``."""
-    from jaxspec import named
+    that has one (``jaxspec.formats.named``), else ``DEFAULT_DRAFT``."""
+    from jaxspec.formats import named
 
     own = named.MODELS[target].drafter if named.names_model(target) else ""
     return own or DEFAULT_DRAFT
@@ -31,8 +32,8 @@ def check_model_arg(value: str, flag: str) -> None:
     """Raise ``CliError`` (naming ``flag``) unless ``value`` is a named model, a model directory, a GGUF file, a
     shipped model name or a Hugging Face Hub id. Named models and Hub ids pass unchecked: they are installed,
     cached or fetched when loaded."""
-    from jaxspec import hub, named
-    from jaxspec.checkpoint import SHIPPED_PREFIX, resolve
+    from jaxspec.formats import hub, named
+    from jaxspec.formats.paths import SHIPPED_PREFIX, resolve
 
     if named.names_model(value) or (hub.is_repo_id(value) and not value.startswith(SHIPPED_PREFIX)):
         return  # a failed fetch says what to run
@@ -86,8 +87,8 @@ def load_models(args: argparse.Namespace):
 
 def _load_draft(value: str, target, load):
     """A draft model, or an EAGLE head (``jaxspec.eagle``) made for ``target``."""
-    from jaxspec import eagle
-    from jaxspec.checkpoint import resolve
+    from jaxspec.drafters import eagle
+    from jaxspec.formats.paths import resolve
 
     if eagle.is_head(resolve(value)):
         try:

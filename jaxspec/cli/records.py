@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from jaxspec.cli.common import warn
-from jaxspec.jsonl import Row
+from jaxspec.formats.jsonl import Row
 from jaxspec.policy.cost import position_counts
 
 
@@ -19,7 +19,7 @@ def accept_lengths(hist, rounds: int | None = None) -> list[int]:
 
 
 def make_record(row: Row, result, gamma: int, plain: tuple[float, int] | None = None) -> dict:
-    """The record of one finished row: ``row`` its prompt, ``result`` its ``jaxspec.engine.RowResult`` (its
+    """The record of one finished row: ``row`` its prompt, ``result`` its ``jaxspec.generation.engine.RowResult`` (its
     ``wall_time_s``: its share of the run's device time), ``gamma`` the run's γ; with ``--compare``, ``plain`` =
     (its plain run's time share, its plain new tokens). The fields are listed in ``jaxspec generate --help``;
     ``choices`` is the entry Spec-Bench's ``speed.py`` reads."""

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.cache import KVCache
+from jaxspec.core.cache import KVCache
 from jaxspec.models import llama, stack
 from jaxspec.models.llama import LlamaConfig
 

@@ -15,10 +15,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxspec import dtypes, families
-from jaxspec.cache import KVCache
-from jaxspec.families import Weight
-from jaxspec.models import stack
+from jaxspec.core import dtypes
+from jaxspec.core.cache import KVCache
+from jaxspec.models import families, stack
+from jaxspec.models.families import Weight
 
 _ACTIVATIONS = {
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),

@@ -22,10 +22,10 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxspec import dtypes, families
-from jaxspec.cache import KVCache
-from jaxspec.families import Weight
-from jaxspec.models import stack
+from jaxspec.core import dtypes
+from jaxspec.core.cache import KVCache
+from jaxspec.models import families, stack
+from jaxspec.models.families import Weight
 from jaxspec.models.gpt2 import LayerNorm
 from jaxspec.models.rope import apply_rope, check_rope, rope_from_hf, rotation
 

@@ -21,10 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import families
-from jaxspec.cache import KVCache, causal_mask, write_layer
-from jaxspec.families import Weight
-from jaxspec.models import stack
+from jaxspec.core.cache import KVCache, causal_mask, write_layer
+from jaxspec.models import families, stack
+from jaxspec.models.families import Weight
 from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama is the family's public module
     ARCHITECTURES,
     LlamaConfig,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxspec import dtypes
+from jaxspec.core import dtypes
 from jaxspec.models.rope import check_rope, rope_from_hf, rotation
 
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP activations the Llama module implements (``LlamaConfig.mlp_activation``)
@@ -36,7 +36,7 @@ class LlamaConfig:
       rope_theta, rope_type, rope_params: RoPE base and scaling (``jaxspec.models.rope.ROPE_TYPES``).
       rms_norm_eps, norm_offset: RMSNorm epsilon; norms scale by ``norm_offset + w`` (Gemma: 1).
       tie_embeddings: the LM head is the embedding's transpose.
-      dtype: name of the weights', activations' and caches' dtype (``jaxspec.dtypes``); logits are float32.
+      dtype: name of the weights', activations' and caches' dtype (``jaxspec.core.dtypes``); logits are float32.
       init_std: standard deviation of random initialization.
       qkv_bias, o_bias, qk_norm, sliding_window, embed_scale, mlp_activation, rotary_dim, Gemma 2/3's and Granite's
         switches: family variants (comments below).

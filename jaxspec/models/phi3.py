@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from jaxspec import families
-from jaxspec.families import Weight
-from jaxspec.models import llama
+from jaxspec.models import families, llama
+from jaxspec.models.families import Weight
 from jaxspec.models.llama_config import build_config, common_hf_config
 
 # what a LlamaConfig must have to be a Phi-3 model

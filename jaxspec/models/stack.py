@@ -1,4 +1,4 @@
-"""The layer stack every built-in family shares, in both parameter layouts (``jaxspec.families.split_layers``).
+"""The layer stack every built-in family shares, in both parameter layouts (``jaxspec.models.families.split_layers``).
 
 Stacked: one ``nn.scan`` over ``layer_cls`` (params ``layers``, each weight with a leading ``[layers]`` axis), so
 compile time does not grow with depth. The whole KV cache rides in the scan carry and each layer scatters its new
@@ -21,9 +21,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxspec import dtypes, families
-from jaxspec.cache import KVCache, causal_mask, write_layer
-from jaxspec.model import CausalLM
+from jaxspec.core import dtypes
+from jaxspec.core.cache import KVCache, causal_mask, write_layer
+from jaxspec.core.model import CausalLM
+from jaxspec.models import families
 
 
 def apply_layers(layer_cls, cfg, carry, positions, split: bool):

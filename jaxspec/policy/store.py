@@ -22,6 +22,7 @@ from pathlib import Path
 import jax
 
 from jaxspec.policy.cost import Costs
+from jaxspec.version import __version__
 
 SUBDIR = "jaxspec-auto-costs"  # under the compilation cache directory when the costs follow it
 
@@ -43,8 +44,6 @@ def model_fingerprint(model) -> str:
 
 def machine_fingerprint() -> list:
     """The machine and software the costs were timed on (see the module docstring)."""
-    from jaxspec import __version__
-
     devices = jax.local_devices()
     return [
         jax.default_backend(),
@@ -141,6 +140,6 @@ def save(path: Path, costs: Costs) -> bool:
 
 def default_directory() -> Path | None:
     """Where the costs follow the compilation cache: ``<jax_compilation_cache_dir>/jaxspec-auto-costs`` when one is
-    set (``jaxspec.compile_cache.enable_compilation_cache``, which the CLI turns on), else None (not kept)."""
+    set (``jaxspec.loop.compile_cache.enable_compilation_cache``, which the CLI turns on), else None (not kept)."""
     current = jax.config.jax_compilation_cache_dir
     return Path(current) / SUBDIR if current else None

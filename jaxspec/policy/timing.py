@@ -14,7 +14,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxspec import executables, families, loop, sampling, sharding
+from jaxspec import loop
+from jaxspec.core import sampling
+from jaxspec.loop import executables
+from jaxspec.models import families
+from jaxspec.parallel import sharding
 from jaxspec.policy.cost import Costs
 
 

@@ -1,0 +1,449 @@
+"""Continuous batching: ``Engine(...).run(requests)`` yields each request's result as soon as its row finishes.
+
+A fixed number of slots (the compiled batch) decode together in the loop of ``jaxspec.loop``. When rows finish, the
+host reads which (a ``[B]`` flag array: one small transfer per refill, never one per token), prefills as many
+waiting prompts as there are free slots in one small batch and inserts them into those slots of the target and
+draft caches (``jaxspec.loop.slots``), and decoding goes on. Every per-request value (prompt, seed, ``max_new_tokens``,
+EOS ids, temperature, top-k, top-p) is a traced per-row input: nothing recompiles as requests come and go, and
+prompts are bucketed by length as in ``generate``. Why the host drives the refills (JetStream's prefill / insert /
+generate split) rather than a queue inside the loop: see ``docs/design.md``.
+
+A row's output equals what ``jaxspec.generate`` returns for that prompt alone with the same seed and
+``max_length`` (same draws: a row's keys depend only on its seed and its own round counter).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jaxspec import loop
+from jaxspec.core.model import CausalLM
+from jaxspec.core.sampling import SamplingParams
+from jaxspec.generation import inputs as inputs_lib
+from jaxspec.generation import results
+from jaxspec.generation.config import GenerationConfig
+from jaxspec.generation.generate import choose_gamma, mesh_key
+from jaxspec.generation.request import Request, is_int, make_request, tokenize
+from jaxspec.generation.results import FINISH_REASONS, RowStats
+from jaxspec.loop import slots
+from jaxspec.parallel import sharding
+
+REQUEST_KEYS = ("prompt", "id", *GenerationConfig.PER_REQUEST)
+"""The keys a request given as a dict may have (only ``prompt`` is required)."""
+
+_NEVER = np.iinfo(np.int32).max
+
+
+@dataclasses.dataclass(frozen=True)
+class RowResult:
+    """One request's result, yielded by ``EngineRun`` when its row finishes.
+
+    Attributes:
+      index: the request's position in the sequence given to ``Engine.run``.
+      id: the request's ``"id"`` when it was a dict with one, else ``index``.
+      tokens: generated ids (prompt excluded); ``logprobs``: ``[len(tokens)] float32``, the target's raw
+        log-probability of each.
+      finish_reason: ``"eos"`` | ``"length"`` | ``"cache"``.
+      text: the decoded tokens when the target has a tokenizer, else None.
+      stats: this row's ``RowStats`` (rounds, drafts, acceptance histogram).
+      slot: the slot it ran in.
+      wall_time_s: its share of the run's device time (each decode call's time split over the rows by the tokens
+        they generated in it, each prefill's over the rows it inserted); the shares sum to the run's time.
+      error: None, or why the row's tokens are not trustworthy (a model produced NaN/inf logits for it).
+    """
+
+    index: int
+    id: object
+    tokens: list[int]
+    logprobs: np.ndarray
+    finish_reason: str
+    text: str | None
+    stats: RowStats
+    slot: int
+    wall_time_s: float
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """One ``Engine.run``'s figures (complete once the run is exhausted).
+
+    Attributes:
+      slots: the compiled batch B. gamma: draft tokens per round (0: plain). cache_length: S.
+      rows: requests finished. generated_tokens: their tokens.
+      rounds: loop iterations (batched target passes); row_rounds: the rows' rounds summed.
+      queued_rounds, queued_row_rounds: the same, counted over the decode calls made while requests were still
+        waiting (every slot busy at their start): the job's steady state, its drain at the end excluded.
+      wall_time_s: device time (prefill + decode, compilation excluded); prefill_time_s and decode_time_s: its
+        prefill and decode parts.
+      compile_time_s: compilation during the run (0 when every program was compiled before).
+      refills: prefill-and-insert calls; syncs: decode calls (each ends in one small host read).
+      drafted, accepted: draft tokens verified / accepted over every row (verify rounds only).
+      policy: with ``gamma="auto"``, the decision (``jaxspec.policy.Decision.as_dict()``); else None.
+    """
+
+    slots: int = 0
+    gamma: int = 0
+    cache_length: int = 0
+    rows: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    row_rounds: int = 0
+    queued_rounds: int = 0
+    queued_row_rounds: int = 0
+    wall_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
+    compile_time_s: float = 0.0
+    refills: int = 0
+    syncs: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    policy: dict | None = None
+
+    @property
+    def occupancy(self) -> float:
+        """Busy slot-rounds ÷ slot-rounds: ``row_rounds / (rounds × slots)`` (NaN before any round)."""
+        return self.row_rounds / (self.rounds * self.slots) if self.rounds else float("nan")
+
+    @property
+    def straggler_factor(self) -> float:
+        """Rounds run ÷ rounds the rows needed if every slot were always busy: ``1 / occupancy``."""
+        return 1.0 / self.occupancy if self.row_rounds else float("nan")
+
+    @property
+    def queued_straggler_factor(self) -> float:
+        """The straggler factor while requests were waiting: ``queued_rounds × slots / queued_row_rounds``. What the
+        refill policy controls; the rest of ``straggler_factor`` is the drain, when the queue is empty and the last
+        rows finish at different rounds (NaN when no decode call ran with requests waiting)."""
+        return self.queued_rounds * self.slots / self.queued_row_rounds if self.queued_row_rounds else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """α over every row (None for plain decoding)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens ÷ ``wall_time_s``."""
+        return self.generated_tokens / self.wall_time_s if self.wall_time_s > 0 else float("nan")
+
+    def summary(self) -> str:
+        """One line: rows, tokens, tok/s, α, occupancy, refills."""
+        alpha = "" if self.acceptance_rate is None else f", γ={self.gamma} α={self.acceptance_rate:.3f}"
+        return (
+            f"{self.rows} rows, {self.generated_tokens} tokens in {self.wall_time_s:.2f}s "
+            f"({self.tokens_per_s:.1f} tok/s){alpha}, {self.slots} slots, occupancy {self.occupancy:.3f}, "
+            f"{self.refills} refills, {self.syncs} syncs"
+        )
+
+
+class Engine:
+    """Continuous batching over ``slots`` rows, plain or speculative.
+
+    The settings are ``generate``'s (a ``GenerationConfig`` and/or its fields as keywords, checked now with a
+    stand-in prompt) and are the defaults of every request; a request given as a dict overrides the fields of
+    ``GenerationConfig.PER_REQUEST`` (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``,
+    ``eos_token_id``) for itself, each as one value. ``max_length`` is the cache length S of every slot (prompt +
+    generated); None: bucketed from the longest request of each ``run``. Besides:
+
+    Args:
+      slots: rows decoded together (the compiled batch; rounded up to a multiple of the mesh's ``data`` axis).
+      refill_at: when requests are waiting, the decode loop hands back to the host once this many rows have
+        finished (default: ``max(1, slots // 32)``); with none waiting it returns at each finished row, so results
+        are yielded as soon as they exist.
+      schedule: the order waiting requests take free slots: ``"longest_first"`` (default: largest
+        ``max_new_tokens`` first, ties in arrival order, so long rows do not start last and leave the other slots
+        idle at the end of a job) or ``"fifo"`` (arrival order). Outputs do not depend on it.
+    """
+
+    def __init__(
+        self,
+        target: CausalLM,
+        config: GenerationConfig | None = None,
+        *,
+        slots: int = 8,
+        refill_at: int | None = None,
+        schedule: str = "longest_first",
+        **settings,
+    ):
+        if not is_int(slots) or slots < 1:
+            raise ValueError(f"slots must be an int >= 1, got {slots!r}")
+        if refill_at is not None and (not is_int(refill_at) or refill_at < 1):
+            raise ValueError(f"refill_at must be None or an int >= 1, got {refill_at!r}")
+        if schedule not in ("longest_first", "fifo"):
+            raise ValueError(f"schedule must be 'longest_first' or 'fifo', got {schedule!r}")
+        self.schedule = schedule
+        self.target = target
+        self.config = GenerationConfig.of(config, settings, "Engine")
+        # every engine-level setting checked now (a one-token stand-in prompt), before anything compiles
+        probe = make_request(target, [[0]], self.config)
+        self.mesh = probe.mesh
+        data = sharding.axis_size(self.mesh, "data")
+        self.slots = -(-slots // data) * data
+        self.refill_at = refill_at or max(1, self.slots // 32)
+
+    def run(self, requests: Iterable) -> EngineRun:
+        """Check and tokenize every request now (errors name ``requests[i]``; nothing compiles), and return the
+        ``EngineRun`` that decodes them while it is iterated.
+
+        A request is a string, a token-id list, or a dict with ``"prompt"`` (either) and any of ``REQUEST_KEYS``.
+        """
+        return EngineRun(self, self._request(list(requests)))
+
+    def _request(self, items: list) -> _Batch:
+        if not items:
+            raise ValueError("requests is empty")
+        prompts, ids, per_row, explicit = [], [], collections.defaultdict(list), []
+        for i, item in enumerate(items):
+            if isinstance(item, Mapping):
+                unknown = sorted(set(item) - set(REQUEST_KEYS))
+                if unknown:
+                    raise ValueError(f"requests[{i}] has unknown keys {unknown}; allowed: {list(REQUEST_KEYS)}")
+                if "prompt" not in item:
+                    raise ValueError(f'requests[{i}] has no "prompt"')
+                prompt, ids_i = item["prompt"], item.get("id", i)
+            else:
+                item, prompt, ids_i = {}, item, i
+            if isinstance(prompt, str) or (isinstance(prompt, Sequence) and prompt and is_int(prompt[0])):
+                prompts.append(prompt)
+            else:
+                try:
+                    prompts.append(list(np.asarray(prompt).reshape(-1)))
+                except Exception:
+                    raise ValueError(f"requests[{i}]: the prompt must be a string or token ids") from None
+            ids.append(ids_i)
+            for key in GenerationConfig.PER_REQUEST:
+                per_row[key].append(item.get(key, getattr(self.config, key)))
+            explicit.append("seed" in item)
+        rows = tokenize(self.target, prompts, self.config.chat)
+        eos_sets = per_row.pop("eos_token_id")
+        request = make_request(self.target, rows, self.config, **per_row)
+        # generate's seeding: an explicit seed -> the row depends on it alone; the engine's seed -> folded with the
+        # request's index (as row i of one generate call over all the requests)
+        row_ids = np.where(explicit, 0, np.arange(len(rows)))
+        eos = [self._eos(e, i) for i, e in enumerate(eos_sets)]
+        return _Batch(request, ids, row_ids, eos)
+
+    def _eos(self, value, index: int) -> tuple[int, ...]:
+        vocab = self.target.vocab_size
+        if value is None:
+            value = self.target.eos_token_id
+        ids = [] if value is None else ([value] if is_int(value) else list(value))
+        if not all(is_int(e) and 0 <= e < vocab for e in ids):
+            raise ValueError(f"requests[{index}].eos_token_id must be None or int(s) in [0, {vocab}), got {value!r}")
+        return tuple(int(e) for e in ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    request: Request  # every request checked, tokenized, per-row values expanded
+    ids: list
+    row_ids: np.ndarray
+    eos: list[tuple[int, ...]]
+
+
+class EngineRun:
+    """Iterator over ``RowResult``s in the order rows finish; ``stats`` (``EngineStats``) fills in as it runs."""
+
+    def __init__(self, engine: Engine, batch: _Batch):
+        self.engine, self.batch = engine, batch
+        request = batch.request
+        lengths = request.lengths
+        self.cache_len = request.max_length or inputs_lib.bucket_cache(int(np.max(lengths + request.max_new)))
+        self.eos_width = inputs_lib.next_pow2(max(len(e) for e in batch.eos), 4)
+        prompt_bucket = min(inputs_lib.next_pow2(int(lengths.max()), 8), self.cache_len)
+        shape = inputs_lib.Buckets(engine.slots, self.cache_len, prompt_bucket)
+        gamma, decision, self.policy = choose_gamma(request, shape)
+        self.decision = decision
+        self.spec = inputs_lib.loop_spec(request, self.cache_len, gamma)
+        self.drafter = request.drafter if gamma > 0 else None
+        self.stats = EngineStats(
+            slots=engine.slots,
+            gamma=gamma,
+            cache_length=self.cache_len,
+            policy=None if decision is None else decision.as_dict(),
+        )
+
+    def __iter__(self) -> Iterator[RowResult]:
+        engine, request, spec = self.engine, self.batch.request, self.spec
+        tparams, dparams = inputs_lib.place_params(request.target, self.drafter, spec.mesh, request.shard_draft)
+        n, width = request.num_rows, engine.slots
+        order = range(n)
+        if engine.schedule == "longest_first":  # stable: ties keep arrival order
+            order = sorted(order, key=lambda i: -int(request.max_new[i]))
+        queue = collections.deque(order)
+        occupant = [-1] * width  # request index in each slot, -1 = free
+        wall = np.zeros(n)
+        stats = self.stats
+        state = slots.empty_state(spec, width, self.eos_width)
+        never = inputs_lib.replicated_scalar(spec.mesh, _NEVER)
+        length, rounds = np.ones(width, np.int64), np.zeros(width, np.int64)
+        rows_hist, row_stats = [], []
+        while queue or any(o >= 0 for o in occupant):
+            free = [b for b in range(width) if occupant[b] < 0]
+            if queue and free:
+                take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+                start = time.perf_counter()
+                state, seconds = self._refill(state, tparams, dparams, take, free[: len(take)])
+                for b, i in zip(free, take):
+                    occupant[b] = i
+                length, rounds = sharding.to_host((state.length, state.rounds))
+                elapsed = time.perf_counter() - start - seconds
+                wall[take] += elapsed / len(take)
+                stats.prefill_time_s += elapsed
+                stats.wall_time_s += elapsed
+                stats.compile_time_s += seconds
+                stats.refills += 1
+            stop_after = inputs_lib.replicated_scalar(spec.mesh, engine.refill_at if queue else 1)
+            start = time.perf_counter()
+            before = rounds
+            state, seconds = loop.rounds_program(spec, tparams, dparams, state, never, stop_after)
+            new_length, done, rounds = sharding.to_host((state.length, state.done, state.rounds))
+            elapsed = time.perf_counter() - start - seconds
+            stats.wall_time_s += elapsed
+            stats.compile_time_s += seconds
+            stats.decode_time_s += elapsed
+            stats.syncs += 1
+            busy = [b for b in range(width) if occupant[b] >= 0]
+            progressed = rounds - before
+            stats.rounds += int(np.max(progressed))
+            if queue:  # requests waiting: every slot was busy when this call started
+                stats.queued_rounds += int(np.max(progressed))
+                stats.queued_row_rounds += int(progressed[busy].sum())
+            grown = np.array([new_length[b] - length[b] for b in busy], np.float64)
+            share = grown / grown.sum() if grown.sum() > 0 else np.full(len(busy), 1.0 / max(1, len(busy)))
+            for b, s in zip(busy, share):
+                wall[occupant[b]] += elapsed * s
+            length = new_length
+            finished = [b for b in busy if done[b]]
+            if not finished:
+                continue
+            host = sharding.to_host(
+                (
+                    state.tokens,
+                    state.logprobs,
+                    state.prompt_len,
+                    state.finish,
+                    state.drafted,
+                    state.accepted,
+                    state.accept_hist,
+                    state.bad_target,
+                    state.bad_draft,
+                )
+            )
+            for b in finished:
+                result = self._row(host, b, occupant[b], int(new_length[b]), int(rounds[b]), wall[occupant[b]])
+                occupant[b] = -1
+                stats.rows += 1
+                stats.generated_tokens += len(result.tokens)
+                stats.row_rounds += result.stats.rounds
+                stats.drafted += result.stats.drafted
+                stats.accepted += result.stats.accepted
+                rows_hist.append(result.stats.accept_hist)
+                row_stats.append(result.stats)
+                yield result
+        self._observe(rows_hist, row_stats)
+
+    def _refill(self, state, tparams, dparams, take: list[int], free: list[int]):
+        """Prefill the requests ``take`` into the slots ``free`` (same length): one program call."""
+        request, spec, batch = self.batch.request, self.spec, self.batch
+        data = sharding.axis_size(spec.mesh, "data")
+        k = -(-min(inputs_lib.next_pow2(len(take), 1), self.engine.slots) // data) * data
+        plen = min(inputs_lib.next_pow2(max(len(request.rows[i]) for i in take), 8), self.cache_len)
+        prompt = np.zeros((k, plen), np.int32)
+        eos = np.full((k, self.eos_width), -1, np.int32)
+        pad = k - len(take)
+
+        def col(values, fill, dtype):
+            return np.concatenate([np.asarray(values), np.full(pad, fill)]).astype(dtype)
+
+        for r, i in enumerate(take):
+            prompt[r, : len(request.rows[i])] = request.rows[i]
+            eos[r, : len(batch.eos[i])] = batch.eos[i]
+        inputs = loop.LoopInputs(
+            prompt=prompt,
+            prompt_len=col([len(request.rows[i]) for i in take], 1, np.int32),
+            max_new=col(request.max_new[take], 1, np.int32),
+            active=np.arange(k) < len(take),
+            seeds=col(request.seeds[take], 0, np.uint32),
+            row_ids=col(batch.row_ids[take], 0, np.uint32),
+            eos=eos,
+            sampling=SamplingParams.create(
+                col(request.temperature[take], 0.0, np.float32),
+                col(np.minimum(request.top_k[take], self.spec.vocab_size), 0, np.int32),
+                col(request.top_p[take], 1.0, np.float32),
+            ),
+        )
+        where = col(free, self.engine.slots, np.int32)  # padding rows go past the last slot: dropped
+        if spec.mesh is None:
+            inputs, where = jax.device_put((inputs, where))
+        else:
+            inputs = inputs_lib.place_inputs(inputs, spec.mesh)
+            where = sharding.put(where, jax.sharding.NamedSharding(spec.mesh, jax.sharding.PartitionSpec()))
+        return slots.refill_program(spec, tparams, dparams, state, inputs, where)
+
+    def _row(self, host, slot: int, index: int, length: int, rounds: int, wall: float) -> RowResult:
+        tokens, logprobs, plen, finish, drafted, accepted, hist, bad_t, bad_d = host
+        start = int(plen[slot])
+        out = tokens[slot, start:length].tolist()
+        reason = FINISH_REASONS.get(int(finish[slot]), "running")
+        stats = RowStats(
+            generated_tokens=length - start,
+            rounds=rounds,
+            drafted=int(drafted[slot]),
+            accepted=int(accepted[slot]),
+            accept_hist=tuple(int(x) for x in hist[slot]),
+            finish_reason=reason,
+        )
+        error = None
+        if bad_t[slot] or bad_d[slot]:
+            who = f"target model {self.batch.request.target.name!r}" if bad_t[slot] else f"draft {self.drafter.name!r}"
+            error = f"{who} produced NaN/inf logits (or no finite logit); the tokens are not trustworthy"
+        tokenizer = self.batch.request.target.tokenizer
+        text = None if tokenizer is None else results.decode(tokenizer, out)
+        return RowResult(
+            index=index,
+            id=self.batch.ids[index],
+            tokens=out,
+            logprobs=np.asarray(logprobs[slot, start:length], np.float32),
+            finish_reason=reason,
+            text=text,
+            stats=stats,
+            slot=slot,
+            wall_time_s=float(wall),
+            error=error,
+        )
+
+    def _observe(self, hists, row_stats) -> None:
+        """With ``gamma="auto"``, feed the loop's round time and the acceptance seen back into the policy (not a
+        straggler factor: refilled slots do not wait for the slowest row)."""
+        if self.decision is None:
+            return
+        request, stats = self.batch.request, self.stats
+        self.policy.observe_rounds(
+            request.target,
+            request.drafter,
+            stats.slots,
+            stats.cache_length,
+            stats.gamma,
+            stats.decode_time_s,
+            stats.rounds,
+            mesh_key(self.spec.mesh, request.shard_draft),
+        )
+        if not stats.drafted:
+            return
+        self.policy.observe(
+            request.target,
+            self.drafter,
+            request.greedy,
+            self.stats.accepted,
+            self.stats.drafted,
+            tuple(int(x) for x in np.sum(hists, axis=0)),
+        )

@@ -1,0 +1,279 @@
+"""Prefill and speculative rounds inside one jit-compiled ``lax.while_loop``; plain decoding is ``gamma = 0``.
+
+Invariants per row (``L = length``, the number of tokens in ``tokens[b]``, prompt included):
+  * the target cache holds valid keys/values for positions ``0 .. L-2``; token ``L-1`` is fed by the next
+    verify pass (the last prompt token is re-fed after prefill, which rewrites identical values);
+  * the draft cache holds valid entries for ``0 .. L-3`` at least; each round's first draft step feeds the
+    two newest tokens ``(L-2, L-1)``, so the draft catches up after a rejection *and* after a bonus token;
+  * slots ``>= L`` may hold stale data; attention masks them and the next writes overwrite them.
+
+A round: γ draft steps -> one target pass over ``[last, d_1..d_γ]`` -> rejection sampler -> emit the
+accepted drafts plus one corrected/bonus token, truncated at EOS, ``max_new_tokens`` and the cache end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.core.sampling import SamplingParams, warp
+from jaxspec.drafters.base import bad_logits
+from jaxspec.loop.state import (
+    FINISH_CACHE,
+    FINISH_EOS,
+    FINISH_LENGTH,
+    FINISH_PADDING,
+    RUNNING,
+    LoopInputs,
+    LoopSpec,
+    State,
+    constrain_state,
+    state_shardings,
+    zero_counters,
+)
+from jaxspec.parallel import sharding
+
+
+def _per_row(inputs: LoopInputs, batch: int) -> tuple[jax.Array, SamplingParams]:
+    """``(eos [B, E], sampling with [B] fields)``: one EOS set or scalar parameters broadcast to every row."""
+    eos = inputs.eos if inputs.eos.ndim == 2 else jnp.broadcast_to(inputs.eos, (batch, inputs.eos.shape[0]))
+    sampling = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch,)), inputs.sampling)
+    return eos, sampling
+
+
+def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
+    """The initial state: the target and the drafter run over the padded prompt into fresh caches/state.
+
+    Generates nothing (``length = prompt_len``; the first round re-feeds the last prompt token). The caches'
+    padding slots ``prompt_len .. T-1`` hold stale entries until overwritten."""
+    batch, plen = inputs.prompt.shape
+    positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (batch, plen))
+
+    def placed(cache):
+        return cache if spec.mesh is None else sharding.constrain(cache, sharding.cache_sharding(cache, spec.mesh))
+
+    _, feats, target_cache = _target_pass(
+        spec, target_params, inputs.prompt, positions, placed(spec.target_init_cache(batch, spec.cache_len))
+    )
+    draft_state = placed(spec.drafter.init_state(batch, spec.cache_len))
+    if feats is not None:
+        draft_state = spec.drafter.observe(draft_state, feats, positions)
+    draft_state = spec.drafter.prefill(draft_params, inputs.prompt, positions, draft_state)
+    tokens = jnp.zeros((batch, spec.cache_len), jnp.int32).at[:, :plen].set(inputs.prompt)
+    row_keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(inputs.seeds, inputs.row_ids)
+    eos, sampling = _per_row(inputs, batch)
+    state = State(
+        tokens=tokens,
+        logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
+        length=inputs.prompt_len,
+        prompt_len=inputs.prompt_len,
+        max_new=inputs.max_new,
+        done=~inputs.active,
+        finish=jnp.where(inputs.active, RUNNING, FINISH_PADDING).astype(jnp.int32),
+        row_keys=row_keys,
+        eos=eos,
+        sampling=sampling,
+        **zero_counters(spec, batch),
+        target_cache=target_cache,
+        draft_state=draft_state,
+    )
+    return constrain_state(spec, state)
+
+
+def _target_pass(spec: LoopSpec, params, tokens, positions, cache):
+    """``(logits, hidden states or None, cache)``: the target's pass, through the drafter's ``target_features``
+    when it drafts from the target's features (``Drafter.features``)."""
+    if spec.drafter.features:
+        return spec.drafter.target_features(params, tokens, positions, cache)
+    logits, cache = spec.target_apply(params, tokens, positions, cache)
+    return logits, None, cache
+
+
+def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> State:
+    """One round for every row: γ drafts, one target pass over ``[last, d_1..d_γ]``, the rejection sampler.
+
+    A running row appends its ``n`` accepted drafts and one corrected/bonus token, cut after the first EOS and at
+    ``max_new`` and ``cache_len``, with their log-probs; ``finish`` and the counters follow. Rows already done keep
+    every field but the caches (the passes still run over them: they re-feed their last tokens, or hit stale slots).
+
+    When the drafter marks which rows propose (``Proposal.proposed``) and no running row does, the round is a plain
+    step instead (``lax.cond``): one target pass over ``[last]``, one token per row, no drafts counted. When it gives
+    each row's number of drafts (``Proposal.lengths``), the round verifies over the smallest of its
+    ``verify_widths`` that holds every running row's drafts (``lax.switch``), each row up to its own length."""
+    gamma = spec.gamma
+    round_keys = jax.vmap(lambda k, r: jax.random.split(jax.random.fold_in(k, r), gamma + 1))(
+        state.row_keys, state.rounds
+    )
+    proposal = spec.drafter.draft(
+        draft_params,
+        state.draft_state,
+        state.tokens,
+        state.length,
+        state.sampling,
+        round_keys[:, :gamma],
+        spec.vocab_size,
+    )
+    if gamma > 0 and proposal.lengths is not None:
+        widths = sorted({w for w in spec.drafter.verify_widths(gamma) if 0 <= w < gamma} | {gamma})
+        lengths = jnp.clip(proposal.lengths, 0, gamma)
+        need = jnp.max(jnp.where(state.done, 0, lengths))
+        index = jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < need)  # the smallest width >= need
+
+        def verify_at(width):
+            cut = proposal._replace(tokens=proposal.tokens[:, :width], q=proposal.q[:, :width])
+            return lambda s: _verify(spec, target_params, s, cut, round_keys, jnp.minimum(lengths, width))
+
+        if len(widths) == 1:
+            return verify_at(gamma)(state)
+        return jax.lax.switch(index, [verify_at(w) for w in widths], state)
+    if gamma == 0 or proposal.proposed is None:
+        return _verify(spec, target_params, state, proposal, round_keys)
+    plain = proposal._replace(tokens=proposal.tokens[:, :0], q=proposal.q[:, :0])
+    return jax.lax.cond(
+        jnp.any(~state.done & proposal.proposed),
+        lambda s: _verify(spec, target_params, s, proposal, round_keys),
+        lambda s: _verify(spec, target_params, s, plain, round_keys),
+        state,
+    )
+
+
+def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, limits=None) -> State:
+    """The rest of a round: the target pass over ``[last, proposal's drafts]`` (no drafts: a plain step), the
+    rejection sampler, the emitted tokens and the counters (drafts and the accept histogram only for a round that
+    verified all γ drafts, or for plain decoding's rounds). ``limits`` (``[B] int32`` or None): each row's real
+    drafts among them; drafts past a row's limit are never accepted nor counted, and only rows verified over all
+    γ drafts enter the histogram."""
+    gamma, size = proposal.tokens.shape[1], spec.cache_len
+    batch = state.tokens.shape[0]
+    rows = jnp.arange(batch)
+    active = ~state.done
+    pos_last = state.length - 1
+    last = state.tokens[rows, pos_last]
+    drafts, q, draft_state, bad_draft = proposal.tokens, proposal.q, proposal.state, proposal.bad
+
+    verify_tokens = jnp.concatenate([last[:, None], drafts], axis=1)
+    offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
+    positions = pos_last[:, None] + offsets[None]
+    logits, feats, target_cache = _target_pass(spec, target_params, verify_tokens, positions, state.target_cache)
+    if feats is not None:
+        draft_state = spec.drafter.observe(draft_state, feats, positions)
+    logits = logits.astype(jnp.float32)
+    p = warp(logits, state.sampling)
+    if limits is None:
+        n, nxt = spec.acceptance(round_keys[:, spec.gamma], drafts, q, p)
+        drafted, full_rows = jnp.full((batch,), gamma, jnp.int32), active
+    else:
+        n, nxt = spec.acceptance(round_keys[:, spec.gamma], drafts, q, p, limits)
+        drafted, full_rows = limits, active & (limits == spec.gamma)
+
+    # Emitted tokens: d_1..d_n then the correction/bonus token.
+    cand = jnp.where(offsets[None] < n[:, None], jnp.concatenate([drafts, nxt[:, None]], axis=1), nxt[:, None])
+    count = n + 1
+    is_eos = jnp.any(cand[:, :, None] == state.eos[:, None, :], axis=-1) & (offsets[None] < count[:, None])
+    has_eos = jnp.any(is_eos, axis=1)
+    count = jnp.where(has_eos, jnp.argmax(is_eos, axis=1) + 1, count)
+    room_new = state.max_new - (state.length - state.prompt_len)
+    room_cache = size - state.length
+    count = jnp.where(active, jnp.minimum(count, jnp.minimum(room_new, room_cache)), 0)
+    eos_hit = has_eos & (jnp.argmax(is_eos, axis=1) < count)
+
+    write_pos = jnp.where(offsets[None] < count[:, None], state.length[:, None] + offsets[None], size)
+    tokens = state.tokens.at[rows[:, None], write_pos].set(cand, mode="drop")
+    token_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), cand[:, :, None], axis=-1)[..., 0]
+    logprobs = state.logprobs.at[rows[:, None], write_pos].set(token_logprobs, mode="drop")
+    length = state.length + count
+
+    finish = jnp.where(
+        ~active,
+        state.finish,
+        jnp.where(
+            eos_hit,
+            FINISH_EOS,
+            jnp.where(
+                length - state.prompt_len >= state.max_new,
+                FINISH_LENGTH,
+                jnp.where(length >= size, FINISH_CACHE, RUNNING),
+            ),
+        ),
+    )
+    used = offsets[None] <= n[:, None]  # target positions that decided something this round
+    bad_target = state.bad_target | (active & jnp.any(bad_logits(logits) & used, axis=1))
+    active_i = active.astype(jnp.int32)
+    state = dataclasses.replace(
+        state,
+        tokens=tokens,
+        logprobs=logprobs,
+        length=length,
+        done=finish != RUNNING,
+        finish=finish,
+        rounds=state.rounds + active_i,
+        drafted=state.drafted + drafted * active_i,
+        accepted=state.accepted + n * active_i,
+        accept_hist=state.accept_hist
+        + (
+            full_rows.astype(jnp.int32)[:, None] * jax.nn.one_hot(n, gamma + 1, dtype=jnp.int32)
+            if gamma == spec.gamma
+            else 0
+        ),
+        bad_target=bad_target,
+        bad_draft=state.bad_draft | (active & bad_draft),
+        target_cache=target_cache,
+        draft_state=draft_state,
+    )
+    return constrain_state(spec, state)
+
+
+def run(spec: LoopSpec, target_params, draft_params, state: State, max_rounds, stop_after) -> State:
+    """Run rounds until every row is done, or ``max_rounds`` rounds have run, or ``stop_after`` of the rows
+    running at entry have finished (the continuous-batching engine's cue to refill slots; pass more than the
+    batch size to never stop for that)."""
+    running_at_entry = ~state.done
+
+    def cond(carry):
+        i, s = carry
+        finished = jnp.sum(running_at_entry & s.done)
+        return jnp.any(~s.done) & (i < max_rounds) & (finished < stop_after)
+
+    def body(carry):
+        i, s = carry
+        return i + 1, round_step(spec, target_params, draft_params, s)
+
+    _, state = jax.lax.while_loop(cond, body, (jnp.int32(0), state))
+    return state
+
+
+def timing_state(spec: LoopSpec, batch: int, length: int, greedy: bool) -> State:
+    """A synthetic loop state for timing rounds (``jaxspec.policy``): ``batch`` running rows of ``length`` zero
+    tokens, empty (zero) caches, no EOS and no length limit, so every row keeps running. Built on device (placed
+    by ``state_shardings`` on ``spec.mesh``): no host transfer of the caches."""
+    return _timing_state_fn(spec, batch, length, greedy)()
+
+
+@functools.cache
+def _timing_state_fn(spec: LoopSpec, batch: int, length: int, greedy: bool):
+    def make() -> State:
+        zeros = jnp.zeros((batch,), jnp.int32)
+        full = jnp.full((batch,), length, jnp.int32)
+        keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(batch, dtype=jnp.uint32))
+        return State(
+            tokens=jnp.zeros((batch, spec.cache_len), jnp.int32),
+            logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
+            length=full,
+            prompt_len=full,
+            max_new=jnp.full((batch,), spec.cache_len, jnp.int32),
+            done=jnp.zeros((batch,), bool),
+            finish=zeros,
+            row_keys=keys,
+            eos=jnp.full((batch, 4), -1, jnp.int32),
+            sampling=SamplingParams.create(0.0 if greedy else 1.0, batch=batch),
+            **zero_counters(spec, batch),
+            target_cache=spec.target_init_cache(batch, spec.cache_len),
+            draft_state=spec.drafter.init_state(batch, spec.cache_len),
+        )
+
+    if spec.mesh is None:
+        return jax.jit(make)
+    return jax.jit(make, out_shardings=state_shardings(spec, jax.eval_shape(make)))
