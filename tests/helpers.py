@@ -1,13 +1,18 @@
-"""Test utilities: tiny model configs; counting XLA compilations; a tiny Hugging Face tokenizer; a model resized to
-another vocabulary size."""
+"""Test utilities shared by every test package: where the fixtures are; tiny model configs; counting XLA
+compilations; a tiny Hugging Face tokenizer; a model resized to another vocabulary size; chunked cached decoding."""
 
 import contextlib
+from pathlib import Path
 
+import jax
 import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models import llama
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+FIXTURES_DIR = ROOT / "tests" / "fixtures"  # every test package's data
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
@@ -81,3 +86,26 @@ def resized(model, vocab: int):
     params["embed"] = {"embedding": fit(params["embed"]["embedding"], 0)}
     params["lm_head"] = {"kernel": fit(params["lm_head"]["kernel"], 1)}
     return llama.init(tiny_config(vocab_size=vocab), seed=0).replace(params=params, name=f"{model.name}-{vocab}")
+
+
+def decode_in_chunks(model, tokens, prompt_lens, chunk):
+    """Prefill each row's prompt, then feed the rest ``chunk`` tokens at a time at per-row positions."""
+    batch, total = tokens.shape
+    cache = model.init_cache(batch, total + chunk)
+    apply = jax.jit(model.apply_fn)
+    plen = max(prompt_lens)
+    positions = np.broadcast_to(np.arange(plen), (batch, plen))
+    logits, cache = apply(model.params, jnp.asarray(tokens[:, :plen]), jnp.asarray(positions), cache)
+    out = np.zeros((batch, total, model.vocab_size), np.float32)
+    for b, n in enumerate(prompt_lens):
+        out[b, :n] = logits[b, :n]
+    start = np.asarray(prompt_lens)
+    while (start < total).any():
+        pos = np.minimum(start[:, None] + np.arange(chunk)[None], total - 1)
+        logits, cache = apply(model.params, jnp.asarray(np.take_along_axis(tokens, pos, 1)), jnp.asarray(pos), cache)
+        for b in range(batch):
+            for j in range(chunk):
+                if start[b] + j < total:
+                    out[b, start[b] + j] = logits[b, j]
+        start = start + chunk
+    return out

@@ -4,17 +4,17 @@
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from helpers import FIXTURES_DIR
 
 import jaxspec
 from jaxspec.models import families, gpt2, gpt_neox, llama, phi3
 from jaxspec.models.families import Weight
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+FIXTURES = FIXTURES_DIR / "hf"
 LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4, num_kv_heads=2)
 CONFIGS = {
     "llama": [

@@ -7,11 +7,11 @@ import dataclasses
 import json
 import math
 import shutil
-from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+from helpers import FIXTURES_DIR
 
 import jaxspec
 from jaxspec.formats import named
@@ -20,7 +20,7 @@ from jaxspec.formats.gguf import reader as gguf_reader
 from jaxspec.formats.gguf import tokenizer as gguf_tokenizer
 from jaxspec.models import llama
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
+FIXTURES = FIXTURES_DIR / "gguf"
 MANIFEST = {f["name"]: f for f in json.loads((FIXTURES / "manifest.json").read_text())["fixtures"]}
 TINY = sorted(MANIFEST)
 
@@ -384,7 +384,7 @@ def test_sentencepiece_tokenizer_needs_one_score_per_token(tmp_path):
 
 # ------------------------------------------------------------------------------ Llama 3.1 RoPE (rope_freqs)
 
-HF_FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+HF_FIXTURES = FIXTURES_DIR / "hf"
 HF_LLAMA3 = HF_FIXTURES / "llama3_rope_mqa_tied"
 
 

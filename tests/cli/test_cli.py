@@ -12,14 +12,13 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import tiny_config, tiny_hf_tokenizer
+from helpers import FIXTURES_DIR, ROOT, tiny_config, tiny_hf_tokenizer
 
 import jaxspec
 from jaxspec import cli
 from jaxspec.models import llama
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+FIXTURES = FIXTURES_DIR / "hf"
 MAX_NEW = 12
 WORDS = ["def", "f(x):", "return", "x", "+ 1", "ret", "urn", "(x)"]
 

@@ -1,6 +1,6 @@
 """One process of the two-process test in test_sharding.py (not collected by pytest).
 
-python tests/multihost_worker.py PROCESS_ID NUM_PROCESSES PORT OUT_JSON
+python tests/parallel/multihost_worker.py PROCESS_ID NUM_PROCESSES PORT OUT_JSON
 """
 
 import json

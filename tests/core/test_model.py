@@ -4,34 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import VOCAB, tiny_config
+from helpers import VOCAB, decode_in_chunks, tiny_config
 
 import jaxspec
 from jaxspec.core.cache import KVCache, write
 from jaxspec.models import llama
-
-
-def _decode_in_chunks(model, tokens, prompt_lens, chunk):
-    """Prefill each row's prompt, then feed the rest ``chunk`` tokens at a time at per-row positions."""
-    batch, total = tokens.shape
-    cache = model.init_cache(batch, total + chunk)
-    apply = jax.jit(model.apply_fn)
-    plen = max(prompt_lens)
-    positions = np.broadcast_to(np.arange(plen), (batch, plen))
-    logits, cache = apply(model.params, jnp.asarray(tokens[:, :plen]), jnp.asarray(positions), cache)
-    out = np.zeros((batch, total, model.vocab_size), np.float32)
-    for b, n in enumerate(prompt_lens):
-        out[b, :n] = logits[b, :n]
-    start = np.asarray(prompt_lens)
-    while (start < total).any():
-        pos = np.minimum(start[:, None] + np.arange(chunk)[None], total - 1)
-        logits, cache = apply(model.params, jnp.asarray(np.take_along_axis(tokens, pos, 1)), jnp.asarray(pos), cache)
-        for b in range(batch):
-            for j in range(chunk):
-                if start[b] + j < total:
-                    out[b, start[b] + j] = logits[b, j]
-        start = start + chunk
-    return out
 
 
 @pytest.mark.parametrize("chunk", [1, 4])
@@ -42,7 +19,7 @@ def test_cached_decoding_matches_full_pass(kv_heads, chunk):
     tokens = rng.integers(0, VOCAB, size=(3, 20))
     full = np.asarray(model.logits(tokens))
     # prompts of different lengths: the padded prefill writes garbage past each prompt, which must be overwritten
-    cached = _decode_in_chunks(model, tokens, [3, 9, 1], chunk)
+    cached = decode_in_chunks(model, tokens, [3, 9, 1], chunk)
     np.testing.assert_allclose(cached, full, atol=1e-4, rtol=1e-4)
 
 

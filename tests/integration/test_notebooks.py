@@ -1,13 +1,12 @@
 """Both notebooks execute end to end on CPU (nbclient, the shipped pair), with no cell raising."""
 
-from pathlib import Path
-
 import pytest
+from helpers import ROOT
 
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = ROOT / "notebooks"
 
 
 @pytest.mark.slow

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import FIXTURES_DIR
 from safetensors.numpy import load_file, save_file
 
 import jaxspec
 from jaxspec.formats import hf_wrappers
 from jaxspec.models import families
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+FIXTURES = FIXTURES_DIR / "hf"
 WRAPPED = ["gemma3_multimodal", "mistral3_multimodal", "llava_llama", "qwen2_vl_untied", "qwen2_5_vl_tied"]
 # Qwen-VL's text model runs as Qwen2's (M-RoPE on text-only ids is RoPE)
 RUNS_AS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}

@@ -3,8 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import VOCAB
-from helpers import count_compiles, resized
+from helpers import VOCAB, count_compiles, resized
 
 import jaxspec
 

@@ -2,17 +2,17 @@
 
 import dataclasses
 import json
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from helpers import FIXTURES_DIR
 
 import jaxspec
 from jaxspec.formats.hf_export import export_hf
 from jaxspec.models import llama
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+FIXTURES = FIXTURES_DIR / "hf"
 BASE = dict(
     vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, init_std=0.2
 )

@@ -9,12 +9,13 @@ from pathlib import Path
 import huggingface_hub
 import numpy as np
 import pytest
+from helpers import FIXTURES_DIR
 from huggingface_hub import errors
 
 import jaxspec
 from jaxspec.formats import hub
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = FIXTURES_DIR
 LLAMA = FIXTURES / "hf" / "llama_gqa"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

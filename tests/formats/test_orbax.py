@@ -6,7 +6,7 @@ import os
 import jax
 import numpy as np
 import pytest
-from helpers import tiny_hf_tokenizer
+from helpers import FIXTURES_DIR, tiny_hf_tokenizer
 
 import jaxspec
 from jaxspec.formats import orbax
@@ -105,10 +105,9 @@ def test_bad_metadata(saved, tmp_path):
 
 
 def test_jaxspec_load_dispatches(saved, tmp_path):
-    from pathlib import Path
 
     assert jaxspec.load(saved).name == "tiny"  # orbax
-    hf_dir = Path(__file__).parent / "fixtures" / "hf" / "qwen2_bias_tied"
+    hf_dir = FIXTURES_DIR / "hf" / "qwen2_bias_tied"
     hf_model = jaxspec.load(hf_dir)  # Hugging Face
     back = jaxspec.load(jaxspec.save(hf_model, tmp_path / "from_hf"))  # and through orbax again
     ids = np.asarray([[1, 2, 3, 4]])

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from helpers import FIXTURES_DIR
 
 from jaxspec.formats import named
 from jaxspec.formats.gguf import reader as gguf_reader
@@ -141,7 +142,7 @@ def test_negative_controls_differ_from_the_vectors(vocab_dir, monkeypatch):
 
 @functools.cache
 def _llama_cpp_ids() -> dict:
-    with gzip.open(Path(__file__).parent / "fixtures" / "gguf" / "llama_cpp_tokenization.json.gz", "rt") as f:
+    with gzip.open(FIXTURES_DIR / "gguf" / "llama_cpp_tokenization.json.gz", "rt") as f:
         return json.load(f)
 
 
@@ -202,7 +203,7 @@ def test_llama_spm_ids_equal_transformers_on_a_few_hundred_strings(vocab_dir):
     152 that do, transformers drops one leading space (its ids for ' Hello' are ours for 'Hello'), where llama.cpp
     and SentencePiece keep it ('▁' then '▁Hello': llama.cpp's vectors above give 29871 15043 3186 for
     ' Hello world', as jaxspec does)."""
-    data = json.loads((Path(__file__).parent / "fixtures" / "gguf" / "llama_spm_tokenization.json").read_text())
+    data = json.loads((FIXTURES_DIR / "gguf" / "llama_spm_tokenization.json").read_text())
     assert data["source"] == "ggml-vocab-llama-spm.gguf" and len(data["strings"]) > 250
     tok = _tokenizer(vocab_dir, "llama-spm")
 

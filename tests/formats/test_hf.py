@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_model import _decode_in_chunks
+from helpers import FIXTURES_DIR, decode_in_chunks
 
 import jaxspec
 from jaxspec.models import rope
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+FIXTURES = FIXTURES_DIR / "hf"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").exists())
 SHARDED = "llama_linear_bf16_sharded"
 PHI3 = "phi3_fused_swa"
@@ -56,7 +56,7 @@ def test_cached_decoding_matches_full_pass(name):
     ids, expected = _expected(name)
     model = _load(name)
     for chunk in (1, 4):  # one token at a time, and γ + 1 = 4 at a time, after ragged prompts
-        cached = _decode_in_chunks(model, ids, [11, 4], chunk)
+        cached = decode_in_chunks(model, ids, [11, 4], chunk)
         np.testing.assert_allclose(cached, expected, atol=1e-4, rtol=0)
 
 
