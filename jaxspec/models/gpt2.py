@@ -9,21 +9,17 @@ one ``KVCache`` with ``[layers, B, S, heads, head_dim]`` updated in place.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from jaxspec.core import dtypes
 from jaxspec.core.cache import KVCache
 from jaxspec.models import families, stack
 from jaxspec.models.families import Weight
+from jaxspec.models.stack import LayerNorm
 
-_ACTIVATIONS = {
-    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
-    "gelu": functools.partial(nn.gelu, approximate=False),
-}
+_ACTIVATIONS = ("gelu_tanh", "gelu")  # of stack.ACTIVATIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,39 +47,11 @@ class GPT2Config(stack.MultiHeadShape):
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", dtypes.check(self.dtype))
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
+        stack.check_activation(self.activation, _ACTIVATIONS)
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")
         if self.intermediate_size is None:
             object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
-
-
-class LayerNorm(nn.Module):
-    """Layer normalization over the last axis with scale and bias, computed in float32."""
-
-    eps: float
-    dtype: jnp.dtype
-
-    @nn.compact
-    def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
-        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), self.dtype)
-        xf = x.astype(jnp.float32)
-        mean = jnp.mean(xf, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-        y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
-        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)
-
-
-def _dense(features: int, name: str, cfg: GPT2Config) -> nn.Dense:
-    return nn.Dense(
-        features,
-        dtype=cfg.jnp_dtype,
-        param_dtype=cfg.jnp_dtype,
-        kernel_init=nn.initializers.normal(cfg.init_std),
-        name=name,
-    )
 
 
 class Attention(nn.Module):
@@ -97,23 +65,11 @@ class Attention(nn.Module):
         cfg = self.cfg
         batch, length, _ = x.shape
         h, d = cfg.num_heads, cfg.head_dim
-        qkv = _dense(3 * cfg.hidden_size, "c_attn", cfg)(x)
+        qkv = stack.dense(3 * cfg.hidden_size, "c_attn", cfg, bias=True)(x)
         q, k, v = (t.reshape(batch, length, h, d) for t in jnp.split(qkv, 3, axis=-1))
         scale = d**-0.5 if cfg.scale_attn_weights else 1.0
         out, k_all, v_all = stack.cached_attention(q, k, v, k_all, v_all, layer, positions, scale, cfg.jnp_dtype)
-        return _dense(cfg.hidden_size, "c_proj", cfg)(out), k_all, v_all
-
-
-class MLP(nn.Module):
-    """GPT-2's MLP: ``proj(gelu(fc(x)))``."""
-
-    cfg: GPT2Config
-
-    @nn.compact
-    def __call__(self, x):
-        cfg = self.cfg
-        hidden = _ACTIVATIONS[cfg.activation](_dense(cfg.intermediate_size, "c_fc", cfg)(x))
-        return _dense(cfg.hidden_size, "c_proj", cfg)(hidden)
+        return stack.dense(cfg.hidden_size, "c_proj", cfg, bias=True)(out), k_all, v_all
 
 
 class Block(nn.Module):
@@ -129,7 +85,9 @@ class Block(nn.Module):
             LayerNorm(cfg.layer_norm_eps, cfg.jnp_dtype, name="ln_1")(x), positions, k_all, v_all, layer
         )
         x = x + attn
-        x = x + MLP(cfg, name="mlp")(LayerNorm(cfg.layer_norm_eps, cfg.jnp_dtype, name="ln_2")(x))
+        x = x + stack.MLP(cfg, ("c_fc", "c_proj"), name="mlp")(
+            LayerNorm(cfg.layer_norm_eps, cfg.jnp_dtype, name="ln_2")(x)
+        )
         return (x, k_all, v_all), None
 
 

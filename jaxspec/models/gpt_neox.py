@@ -17,7 +17,6 @@ whole heads on a mesh whose model axis divides the head count.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -26,14 +25,10 @@ from jaxspec.core import dtypes
 from jaxspec.core.cache import KVCache
 from jaxspec.models import families, stack
 from jaxspec.models.families import Weight
-from jaxspec.models.gpt2 import LayerNorm
 from jaxspec.models.rope import apply_rope, check_rope, rope_from_hf, rotation
+from jaxspec.models.stack import LayerNorm
 
-_ACTIVATIONS = {
-    "gelu": functools.partial(nn.gelu, approximate=False),
-    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
-    "relu": nn.relu,
-}
+_ACTIVATIONS = ("gelu", "gelu_tanh", "relu")  # of stack.ACTIVATIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +67,7 @@ class GPTNeoXConfig(stack.MultiHeadShape):
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", dtypes.check(self.dtype))
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
+        stack.check_activation(self.activation, _ACTIVATIONS)
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")
         if self.rotary_dim == self.head_dim:
@@ -86,17 +80,6 @@ class GPTNeoXConfig(stack.MultiHeadShape):
         object.__setattr__(self, "rope_params", tuple(sorted(params.items())))
         check_rope(self.rope_type, params)
         rotation(self.rotary_dim or self.head_dim, self.rope_theta, self.rope_type, **params)  # every check, now
-
-
-def _dense(features: int, name: str, cfg: GPTNeoXConfig, bias: bool = True) -> nn.Dense:
-    return nn.Dense(
-        features,
-        use_bias=bias,
-        dtype=cfg.jnp_dtype,
-        param_dtype=cfg.jnp_dtype,
-        kernel_init=nn.initializers.normal(cfg.init_std),
-        name=name,
-    )
 
 
 def _norm(cfg: GPTNeoXConfig, name: str) -> LayerNorm:
@@ -115,24 +98,12 @@ class Attention(nn.Module):
         cfg = self.cfg
         batch, length, _ = x.shape
         h, d = cfg.num_heads, cfg.head_dim
-        qkv = _dense(3 * cfg.hidden_size, "query_key_value", cfg, cfg.attention_bias)(x)
+        qkv = stack.dense(3 * cfg.hidden_size, "query_key_value", cfg, bias=cfg.attention_bias)(x)
         q, k, v = jnp.split(qkv.reshape(batch, length, h, 3 * d), 3, axis=-1)
         rot = rotation(cfg.rotary_dim or d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
         q, k = apply_rope(q, positions, rot), apply_rope(k, positions, rot)
         out, k_all, v_all = stack.cached_attention(q, k, v, k_all, v_all, layer, positions, d**-0.5, cfg.jnp_dtype)
-        return _dense(cfg.hidden_size, "dense", cfg, cfg.attention_bias)(out), k_all, v_all
-
-
-class MLP(nn.Module):
-    """``dense_4h_to_h(act(dense_h_to_4h(x)))``, with biases."""
-
-    cfg: GPTNeoXConfig
-
-    @nn.compact
-    def __call__(self, x):
-        cfg = self.cfg
-        hidden = _ACTIVATIONS[cfg.activation](_dense(cfg.intermediate_size, "dense_h_to_4h", cfg)(x))
-        return _dense(cfg.hidden_size, "dense_4h_to_h", cfg)(hidden)
+        return stack.dense(cfg.hidden_size, "dense", cfg, bias=cfg.attention_bias)(out), k_all, v_all
 
 
 class Layer(nn.Module):
@@ -148,7 +119,7 @@ class Layer(nn.Module):
         attn, k_all, v_all = Attention(cfg, name="attention")(
             _norm(cfg, "input_layernorm")(x), positions, k_all, v_all, layer
         )
-        mlp = MLP(cfg, name="mlp")
+        mlp = stack.MLP(cfg, ("dense_h_to_4h", "dense_4h_to_h"), name="mlp")
         post_norm = _norm(cfg, "post_attention_layernorm")
         if cfg.parallel_residual:
             x = x + attn + mlp(post_norm(x))
@@ -178,7 +149,7 @@ class GPTNeoX(nn.Module):
         )
         x, k, v = stack.apply_layers(Layer, cfg, (embed(tokens), cache.k, cache.v), positions, self.split)
         x = _norm(cfg, "final_layer_norm")(x)
-        logits = embed.attend(x) if cfg.tie_embeddings else _dense(cfg.vocab_size, "embed_out", cfg, False)(x)
+        logits = embed.attend(x) if cfg.tie_embeddings else stack.dense(cfg.vocab_size, "embed_out", cfg, bias=False)(x)
         return logits.astype(jnp.float32), KVCache(k, v)
 
 

@@ -32,8 +32,6 @@ from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama i
 )
 from jaxspec.models.rope import apply_rope, rotation
 
-_ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": functools.partial(nn.gelu, approximate=True)}
-
 
 @functools.lru_cache(maxsize=8)
 def _row_of(cfg: LlamaConfig) -> np.ndarray:
@@ -90,15 +88,9 @@ def rms_norm(cfg: LlamaConfig, name: str) -> RMSNorm:
 
 
 def dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None, bias: bool = False) -> nn.Dense:
-    """A ``features``-wide projection in ``cfg``'s dtype, normal(``std`` or ``init_std``) init, optional bias."""
-    return nn.Dense(
-        features,
-        use_bias=bias,
-        dtype=cfg.jnp_dtype,
-        param_dtype=cfg.jnp_dtype,
-        kernel_init=nn.initializers.normal(cfg.init_std if std is None else std),
-        name=name,
-    )
+    """A ``features``-wide projection in ``cfg``'s dtype, normal(``std`` or ``init_std``) init, no bias unless asked
+    (``stack.dense`` with Llama's default)."""
+    return stack.dense(features, name, cfg, bias=bias, std=std)
 
 
 def sliding_layer(cfg: LlamaConfig, layer):
@@ -174,7 +166,7 @@ class MLP(nn.Module):
         cfg = self.cfg
         gate = dense(cfg.intermediate_size, "gate_proj", cfg)(x)
         up = dense(cfg.intermediate_size, "up_proj", cfg)(x)
-        return dense(cfg.hidden_size, "down_proj", cfg)(_ACTIVATIONS[cfg.mlp_activation](gate) * up)
+        return dense(cfg.hidden_size, "down_proj", cfg)(stack.ACTIVATIONS[cfg.mlp_activation](gate) * up)
 
 
 class DecoderLayer(nn.Module):

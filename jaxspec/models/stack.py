@@ -7,7 +7,9 @@ Split: one ``layer_cls`` module per layer (params ``layers_0`` ...), each weight
 faster where XLA copies each layer's slice out of a stack (XLA:CPU does).
 
 ``Builder`` turns a family's top-level module class and weight table into the functions every family module
-exports (``model_fns``, ``init_params``, ``from_params``, ``init``), so a new family writes only its modules.
+exports (``model_fns``, ``init_params``, ``from_params``, ``init``), so a new family writes only its modules. The
+building blocks more than one family uses live here too: ``dense``, ``ACTIVATIONS``, ``LayerNorm``, ``MLP``
+(GPT-style, with biases) and ``cached_attention``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,65 @@ from jaxspec.core import dtypes
 from jaxspec.core.cache import KVCache, causal_mask, write_layer
 from jaxspec.core.model import CausalLM
 from jaxspec.models import families
+
+ACTIVATIONS = {
+    "silu": nn.silu,
+    "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+    "relu": nn.relu,
+}
+"""Activation functions by the name configs use (each family accepts its own subset)."""
+
+
+def check_activation(name: str, allowed: tuple[str, ...]) -> None:
+    """``ValueError`` unless ``name`` is one of a family's ``allowed`` activations."""
+    if name not in allowed:
+        raise ValueError(f"activation must be one of {sorted(allowed)}, got {name!r}")
+
+
+def dense(features: int, name: str, cfg, *, bias: bool, std: float | None = None) -> nn.Dense:
+    """A ``features``-wide projection in ``cfg``'s dtype (``cfg.jnp_dtype``), normal(``std`` or ``cfg.init_std``)
+    init, with or without bias."""
+    return nn.Dense(
+        features,
+        use_bias=bias,
+        dtype=cfg.jnp_dtype,
+        param_dtype=cfg.jnp_dtype,
+        kernel_init=nn.initializers.normal(cfg.init_std if std is None else std),
+        name=name,
+    )
+
+
+class LayerNorm(nn.Module):
+    """Layer normalization over the last axis with scale and bias, computed in float32."""
+
+    eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), self.dtype)
+        xf = x.astype(jnp.float32)
+        mean = jnp.mean(xf, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+        y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)
+
+
+class MLP(nn.Module):
+    """A GPT-style MLP with biases: ``names[1](act(names[0](x)))``, ``cfg.intermediate_size`` wide, activation
+    ``cfg.activation``; ``names`` are the two projections' parameter names (GPT-2's ``c_fc``/``c_proj``, GPT-NeoX's
+    ``dense_h_to_4h``/``dense_4h_to_h``)."""
+
+    cfg: Any
+    names: tuple[str, str]
+
+    @nn.compact
+    def __call__(self, x):
+        cfg, (up, down) = self.cfg, self.names
+        hidden = ACTIVATIONS[cfg.activation](dense(cfg.intermediate_size, up, cfg, bias=True)(x))
+        return dense(cfg.hidden_size, down, cfg, bias=True)(hidden)
 
 
 def apply_layers(layer_cls, cfg, carry, positions, split: bool):
