@@ -1,6 +1,6 @@
 """Why a verify pass over 5 tokens costs 1.6-1.7 steps of SmolLM2-135M-Instruct on XLA:CPU.
 
-    python scripts/xla_cpu_verify.py
+    python scripts/studies/xla_cpu_verify.py
 
 Prints
 
@@ -26,7 +26,7 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-from xla_cpu_step import _median_ms  # scripts/ is on the path when run as a script
+from xla_cpu_step import _median_ms  # scripts/studies/ is on the path when run as a script
 
 import jaxspec
 

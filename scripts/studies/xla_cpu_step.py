@@ -1,7 +1,7 @@
 """Where a decode step of SmolLM2-135M-Instruct goes on XLA:CPU: stacked layers under ``scan`` vs per-layer buffers.
 
-    python scripts/xla_cpu_step.py                 # both cores
-    taskset -c 0 python scripts/xla_cpu_step.py    # one core: does XLA:CPU use the second?
+    python scripts/studies/xla_cpu_step.py                 # both cores
+    taskset -c 0 python scripts/studies/xla_cpu_step.py    # one core: does XLA:CPU use the second?
 
 Prints, for the real model (float32, batch 1, cache 512, position 200), the median time of
 
