@@ -19,6 +19,9 @@ target's vocabulary. For each prompt the modes run back to back (interleaved, so
 Speed is generated tokens / wall seconds of the ``generate`` call alone, summed over prompts; one warm-up
 call per mode (on the first prompt, not counted) runs first. ``--temperature 0`` is greedy; ``1`` samples
 (do_sample=True, top_k=0, top_p=1.0), seeded per prompt so every mode starts from the same seed.
+
+A measurement, not a test: the current comparison with jaxspec (same prompt ids, same machine, run right after
+jaxspec's) is recorded in docs/guides/benchmarks.md, earlier runs in docs/history/humaneval.md.
 """
 
 from __future__ import annotations

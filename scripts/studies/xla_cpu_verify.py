@@ -12,7 +12,7 @@ Prints
 - a chain of 30 gate/down matmuls of the model's MLP shapes (576 x 1536, 1536 x 576) at M = 1..32 rows: how the
   cost of a matmul grows with its rows once M > 1.
 
-A measurement script, not a test: figures go to README.
+A one-off measurement, not a test: its figures are recorded in docs/history/cpu-costs.md.
 """
 
 from __future__ import annotations
