@@ -1,5 +1,5 @@
 """GGUF files written as llama.cpp's converter lays out a Hugging Face checkpoint, apart from jaxspec (only gguf,
-numpy and safetensors: ``scripts/make_llama_cpp_logits.py`` runs this in the llama.cpp venv too)."""
+numpy and safetensors: ``scripts/fixtures/make_llama_cpp_logits.py`` runs this in the llama.cpp venv too)."""
 
 from __future__ import annotations
 

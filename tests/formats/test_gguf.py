@@ -1,7 +1,8 @@
 """GGUF loading (jaxspec.formats.gguf.loader): parity with transformers' own GGUF loading on tiny files in every
-quantization type (fixtures written by scripts/make_gguf_fixtures.py in a torch venv), with llama.cpp's own logits
-where llama.cpp reads a file differently from transformers' config (Gemma 2/3: scripts/make_llama_cpp_logits.py),
-config from metadata, and clear errors for damaged files, unknown architectures and unsupported variants."""
+quantization type (fixtures written by scripts/fixtures/make_gguf_fixtures.py in a torch venv), with llama.cpp's own
+logits where llama.cpp reads a file differently from transformers' config (Gemma 2/3:
+scripts/fixtures/make_llama_cpp_logits.py), config from metadata, and clear errors for damaged files, unknown
+architectures and unsupported variants."""
 
 import dataclasses
 import json
@@ -691,13 +692,13 @@ def test_a_llama_gguf_whose_head_size_is_not_hidden_over_heads_loads(tmp_path):
 
 @pytest.mark.parametrize("arch, fixture", [("gemma2", "gemma2_softcap_swa"), ("gemma3", "gemma3_text_swa")])
 def test_gemma2_and_gemma3_gguf_match_llama_cpp(arch, fixture):
-    """Gemma 2 and Gemma 3 GGUF files (the HF fixtures as llama.cpp's converter writes them) give llama.cpp's own
-    logits (``scripts/make_llama_cpp_logits.py``; within 3e-3: llama.cpp's GELU goes through a float16 table), over
-    56 positions: sliding and full layers, norms stored as 1 + w around each sub-block, Gemma 2's soft-capping,
-    Gemma 3's q/k norm, sliding layers' RoPE base and linear scaling of the full layers, and the attention scale
-    llama.cpp takes from the head size. Negative controls: the transformers checkpoint itself (attention scaled by
-    its query_pre_attn_scalar 24, not 16) and, for Gemma 3, every layer sliding (llama.cpp's default pattern
-    without the file's per-layer flags) do not."""
+    """Gemma 2 and Gemma 3 GGUF files (the HF fixtures as llama.cpp's converter writes them) give llama.cpp's own logits
+    (``scripts/fixtures/make_llama_cpp_logits.py``; within 3e-3: llama.cpp's GELU goes through a float16 table), over 56
+    positions: sliding and full layers, norms stored as 1 + w around each sub-block, Gemma 2's soft-capping, Gemma 3's
+    q/k norm, sliding layers' RoPE base and linear scaling of the full layers, and the attention scale llama.cpp takes
+    from the head size. Negative controls: the transformers checkpoint itself (attention scaled by its
+    query_pre_attn_scalar 24, not 16) and, for Gemma 3, every layer sliding (llama.cpp's default pattern without the
+    file's per-layer flags) do not."""
     ids = np.load(HF_FIXTURES / fixture / "expected.npz")["ids"]
     reference = np.load(FIXTURES / "llama_cpp_logits.npz")[arch]
     model = jaxspec.load(FIXTURES / f"{arch}_f32.gguf")
@@ -732,9 +733,10 @@ def test_gpt2_and_gptneox_gguf_match_transformers_and_llama_cpp(tmp_path, arch, 
     weights transposed, its feed_forward_length 4 × the width whatever the MLP is, and, as older converters wrote
     it, the tied head copied as output.weight; GPT-NeoX's q/k/v rows reordered q, k, v; partial RoPE, linear
     scaling, parallel or sequential residual, biases or none, tied or not) give transformers' logits over 56
-    positions. The first two are also the files llama.cpp itself was run on (``scripts/make_llama_cpp_logits.py``):
-    jaxspec's logits equal llama.cpp's within 3e-3 (its tanh GELU). Negative controls: the same files with GPT-NeoX's
-    q/k/v rows left per head, GPT-2's square attention output left untransposed, do not match."""
+    positions. The first two are also the files llama.cpp itself was run on
+    (``scripts/fixtures/make_llama_cpp_logits.py``): jaxspec's logits equal llama.cpp's within 3e-3 (its tanh GELU).
+    Negative controls: the same files with GPT-NeoX's q/k/v rows left per head, GPT-2's square attention output left
+    untransposed, do not match."""
     from gguf_writers import write_gpt
 
     data = np.load(HF_FIXTURES / fixture / "expected.npz")

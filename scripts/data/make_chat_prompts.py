@@ -1,7 +1,7 @@
 """Chat prompts for distilling a draft of a chat model (SmolLM2-135M-Instruct), from local sources only.
 
-    python scripts/make_chat_prompts.py --split train --count 2000 --out runs/smol/train_prompts.jsonl
-    python scripts/make_chat_prompts.py --split heldout --count 64 --out checkpoints/smol_heldout_prompts.jsonl
+    python scripts/data/make_chat_prompts.py --split train --count 2000 --out runs/smol/train_prompts.jsonl
+    python scripts/data/make_chat_prompts.py --split heldout --count 64 --out checkpoints/smol_heldout_prompts.jsonl
 
 Sources: the Python standard library's functions (``ast``) and the Python documentation's section titles, split
 into train / held-out by file exactly like ``jaxspec.training.corpus`` (held-out files are never trained on). Never

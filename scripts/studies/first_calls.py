@@ -2,11 +2,13 @@
 so every program compiles and ``gamma="auto"`` times its standalone steps) and warm (the same directory again: the
 programs and auto's measured costs are loaded).
 
-    python scripts/first_calls.py [--modes plain,head,head-auto,lookup] [--repeats 2] [--prompt N]
+    python scripts/studies/first_calls.py [--modes plain,head,head-auto,lookup] [--repeats 2] [--prompt N]
 
 One HumanEval chat prompt (problem N), 64 new tokens, batch 1, greedy. Per mode and repeat: cold then warm, modes
 taken in turn. Prints, per process, the load (dequantize and place), the compile figure the call reports
 (``stats.compile_time_s``) and the whole first call; then the median per mode.
+
+A one-off measurement, not a test: its figures are recorded in docs/history/cpu-costs.md.
 """
 
 from __future__ import annotations
