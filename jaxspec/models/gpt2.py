@@ -112,6 +112,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.cfg
+        assert cfg.intermediate_size is not None  # GPT2Config.__post_init__ sets it
         hidden = _ACTIVATIONS[cfg.activation](_dense(cfg.intermediate_size, "c_fc", cfg)(x))
         return _dense(cfg.hidden_size, "c_proj", cfg)(hidden)
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from jaxspec.core import dtypes
@@ -29,7 +31,7 @@ from jaxspec.models.families import Weight
 from jaxspec.models.gpt2 import LayerNorm
 from jaxspec.models.rope import apply_rope, check_rope, rope_from_hf, rotation
 
-_ACTIVATIONS = {
+_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": functools.partial(nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
     "relu": nn.relu,

@@ -15,6 +15,7 @@ applied layer by layer, which decodes faster where XLA copies slices out of a st
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -32,7 +33,10 @@ from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama i
 )
 from jaxspec.models.rope import apply_rope, rotation
 
-_ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": functools.partial(nn.gelu, approximate=True)}
+_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": nn.silu,
+    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+}
 
 
 @functools.lru_cache(maxsize=8)
@@ -126,6 +130,7 @@ class Attention(nn.Module):
         cfg = self.cfg
         batch, length, _ = x.shape
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        assert d is not None  # LlamaConfig.__post_init__ sets head_dim
         q = dense(h * d, "q_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, h, d)
         k = dense(kvh * d, "k_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
         v = dense(kvh * d, "v_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)

@@ -76,6 +76,11 @@ class MultiHeadShape:
     """The derived shape fields of a config with ``hidden_size``, ``num_heads`` and ``dtype`` and no grouped-query
     attention (GPT-2, GPT-NeoX), as ``LlamaConfig`` has them."""
 
+    # declared for the type checker only (no defaults: the dataclass config that subclasses this declares the fields)
+    hidden_size: int
+    num_heads: int
+    dtype: str
+
     @property
     def head_dim(self) -> int:
         """``hidden_size // num_heads``."""
@@ -117,7 +122,8 @@ class Builder:
     def model_fns(self, cfg):
         """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared.
         ``apply_fn`` takes the params stacked (``init_params``) or split per layer (``from_params``' default)."""
-        return _model_fns(self.module_cls, cfg)
+        # a class is hashable; mypy reads flax's per-instance Module.__hash__ as the class object's
+        return _model_fns(self.module_cls, cfg)  # type: ignore[arg-type]
 
     def init_params(self, cfg, seed: int = 0):
         """Random parameters, stacked (each module's own initializers: normal(init_std) weights, unit norm scales,
