@@ -19,6 +19,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 class LineError(ValueError):
@@ -64,7 +65,7 @@ def parse_line(raw: bytes):
         raise ValueError(f"not valid JSON ({err.msg} at column {err.colno})") from None
 
 
-def iter_jsonl(path) -> Iterator[tuple[int, object]]:
+def iter_jsonl(path) -> Iterator[tuple[int, Any]]:
     """(line number, JSON value) for every non-blank line of ``path`` (gzip-compressed if it ends in ``.gz``).
     The first line that is not UTF-8 JSON raises ``LineError``."""
     for number, raw in _lines(path):

@@ -119,7 +119,7 @@ class Builder:
     weights: Callable[[Any], list[families.Weight]]
     name: str
 
-    def model_fns(self, cfg):
+    def model_fns(self, cfg) -> tuple[Callable, Callable]:
         """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared.
         ``apply_fn`` takes the params stacked (``init_params``) or split per layer (``from_params``' default)."""
         # a class is hashable; mypy reads flax's per-instance Module.__hash__ as the class object's
