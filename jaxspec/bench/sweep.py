@@ -161,10 +161,8 @@ def run(args) -> dict:
         passes: dict[str, list] = {name: [] for name in modes}
         choices: dict[str, int] = {}
         fixed = f"γ={args.gamma}"
-        timed: dict[str, list] = {
-            "plain": [],
-            fixed: [],
-        }  # (call index, stats) of every timed call, for the decomposition
+        # (call index, stats) of every timed call, for the decomposition
+        timed: dict[str, list] = {"plain": [], fixed: []}
         for _ in range(args.repeats):
             totals = {name: [0, 0.0, 0, 0] for name in modes}  # tokens, seconds, accepted, drafted
             for i, prompts in enumerate(calls):
