@@ -307,9 +307,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.devices:  # must happen before the backend starts; only the CPU backend reads it
         jax.config.update("jax_num_cpu_devices", args.devices)
+    cache_dir = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # a dynamic config attribute
     print(
         f"jaxspec.bench: backend {jax.default_backend()}, device {jax.devices()[0]}, jax {jax.__version__}, "
-        f"persistent compilation cache {jax.config.jax_compilation_cache_dir or 'off'}",
+        f"persistent compilation cache {cache_dir or 'off'}",
         flush=True,
     )
     doc = MODES[args.mode](args)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -48,6 +49,7 @@ from jaxspec import loop
 from jaxspec.bench import humaneval, shipped
 from jaxspec.bench.pairs import PAIRS
 from jaxspec.bench.sweep import batch_calls, paired_ratio, prompt_pool
+from jaxspec.core.model import CausalLM
 from jaxspec.generation import inputs as inputs_lib
 from jaxspec.loop import slots as slots_lib
 from jaxspec.parallel import sharding
@@ -65,12 +67,12 @@ class Workload:
 
     pair: str
     description: str
-    target: object
-    draft: object
+    target: CausalLM
+    draft: CausalLM
     prompts: list[list[int]]
     max_new: list[int]
     seeds: list[int]
-    eos: int | None
+    eos: int | tuple[int, ...] | None
     cache_len: int
 
 
@@ -159,7 +161,7 @@ def static_calls(w: Workload, slots: int, warm_up: bool = False) -> list[list[in
     calls = batch_calls(list(range(len(w.prompts))), slots)
     if not warm_up:
         return calls
-    shapes = {}
+    shapes: dict[tuple[int, int], list[int]] = {}
     for call in calls:
         shapes.setdefault((len(call), inputs_lib.next_pow2(max(len(w.prompts[i]) for i in call), 8)), call)
     return list(shapes.values())
@@ -277,7 +279,7 @@ def _runners(
     per shape; continuous: a whole pass); ``cont-auto`` gets a fresh ``AutoGamma`` (candidates ``auto_gammas``,
     default the policy's); the engines take requests in ``schedule`` order."""
     kw = dict(slots=slots, max_length=w.cache_len, temperature=temp, eos_token_id=w.eos, schedule=schedule)
-    engines = {
+    engines: dict[str, dict[str, Any]] = {
         "cont-plain": dict(draft=None),
         "cont-fixed": dict(draft=w.draft, gamma=gamma),
         "cont-auto": dict(draft=w.draft, gamma="auto", policy=AutoGamma(auto_gammas) if auto_gammas else AutoGamma()),
@@ -392,12 +394,12 @@ def bench_slots(w: Workload, args, modes, slots: int, temp: float) -> dict:
     for m in modes:  # warm-up: compile every other mode's programs
         if m not in firsts:
             runners[m](warm_up=True)
-    passes = {m: [] for m in modes}
+    passes: dict[str, list[Pass]] = {m: [] for m in modes}
     for r in range(args.repeats):
         for m in modes if r % 2 == 0 else modes[::-1]:
             passes[m].append(runners[m]())
     greedy, rows = temp == 0, len(w.prompts)
-    block = {"temperature": temp, "slots": slots, "modes": {}, "first_calls": {}, "sync": {}}
+    block: dict[str, Any] = {"temperature": temp, "slots": slots, "modes": {}, "first_calls": {}, "sync": {}}
     for m in modes:
         ref_mode = _counterpart(m, greedy)
         ref = passes[ref_mode][-1] if ref_mode in passes and ref_mode != m else None

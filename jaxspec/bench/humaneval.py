@@ -24,6 +24,7 @@ import dataclasses
 import json
 import statistics
 import time
+from collections.abc import Sequence
 
 import jax
 
@@ -103,7 +104,7 @@ def run(args) -> dict:
     if len(head_gammas) > 1 and "eagle" in modes:  # the head at each γ, interleaved like the other modes
         at = modes.index("eagle")
         modes[at : at + 1] = [f"eagle@{g}" for g in head_gammas]
-    scales = getattr(args, "eagle_scale", None) or ()
+    scales: Sequence[float] = getattr(args, "eagle_scale", None) or ()
     if len(scales) == 1 and head is not None:
         head = dataclasses.replace(head, temperature_scale=scales[0])
     elif len(scales) > 1 and "eagle" in modes:  # the head at each scale (one γ), interleaved
@@ -113,8 +114,8 @@ def run(args) -> dict:
     ids = prompt_ids(target, problems)
     if args.prompts_out:
         with open(args.prompts_out, "w") as f:
-            for p, row in zip(problems, ids):
-                f.write(json.dumps({"id": p["task_id"], "ids": row}) + "\n")
+            for p, prompt_row in zip(problems, ids):
+                f.write(json.dumps({"id": p["task_id"], "ids": prompt_row}) + "\n")
     eos = target.eos_token_id
     print(
         f"humaneval: target {target.name} {target.num_params / 1e6:.1f} M params, draft {draft.name} "
@@ -125,9 +126,9 @@ def run(args) -> dict:
         flush=True,
     )
     cache_len = bucket_cache(max(map(len, ids)) + args.max_new_tokens)
-    timer = measure.round_timer(
-        target, draft, args.gamma, cache_len, statistics.median(map(len, ids)), args.seed, head, head_gammas
-    )
+    # the median prompt length: a float (x.5) for an even count of prompts, which the timed steps' positions truncate
+    position: int = statistics.median(map(len, ids))  # type: ignore[assignment]
+    timer = measure.round_timer(target, draft, args.gamma, cache_len, position, args.seed, head, head_gammas)
     policies = {m: AutoGamma() for m in AUTO_MODES}  # one policy per auto mode for the whole run
     doc = {
         "mode": "humaneval",

@@ -75,7 +75,7 @@ def run(args) -> dict:
         ids = [target.tokenizer.encode(workload_prompt(p["prompt"], workload)) for p in prompts]
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=temp)
         totals = {name: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0) for name in drafters}
-        choices = {}  # auto's decisions in the timed calls: "γ=4", "plain", "probe γ=2" -> count
+        choices: dict[str, int] = {}  # auto's decisions in the timed calls: "γ=4", "plain", "probe γ=2" -> count
         for i, prompt in enumerate(ids):
             for extra in drafters.values():  # compile / warm-up
                 jaxspec.generate(target, [prompt], seed=args.seed + i, **kw, **extra)

@@ -11,6 +11,7 @@ collectives, not a speed-up; per-device bytes are exact.
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import jax
 import numpy as np
@@ -48,7 +49,7 @@ def _placement(target, draft, prompts, kw, mesh) -> dict:
     if mesh is None:
         tparams, dparams = jax.device_put((tparams, dparams), jax.devices()[0])
     state, _ = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
-    out = {
+    out: dict[str, Any] = {
         "target_weights": _per_device(tparams),
         "draft_weights": _per_device(dparams),
         "target_cache": _per_device(state.target_cache),
@@ -59,7 +60,7 @@ def _placement(target, draft, prompts, kw, mesh) -> dict:
     return out
 
 
-def _ms_per_round(target, draft, prompts, kw, mesh, repeats) -> tuple[float, list]:
+def _ms_per_round(target, draft, prompts, kw, mesh, repeats) -> tuple[float, list | None]:
     jaxspec.generate(target, prompts, draft=draft, mesh=mesh, **kw)  # compile
     times, tokens = [], None
     for _ in range(repeats):
@@ -127,7 +128,7 @@ def _mib(n: int) -> str:
 
 def _line(row: dict) -> str:
     if not hasattr(_line, "header"):
-        _line.header = True
+        _line.header = True  # type: ignore[attr-defined]  # a function attribute: the header prints once
         print(
             f"{'mesh':>9} | MiB/device: {'target W':>8} {'draft W':>8} {'t cache':>8} {'d cache':>8} | "
             f"ms/round: {'plain':>7} {'spec':>7} | same tokens"

@@ -158,10 +158,11 @@ def run(args) -> dict:
                 jaxspec.generate(target, prompts, **kw, **extra)
                 if i == 0:
                     row.setdefault("first_call_s", {})[name] = time.perf_counter() - start
-        passes = {name: [] for name in modes}
-        choices = {}
+        passes: dict[str, list] = {name: [] for name in modes}
+        choices: dict[str, int] = {}
         fixed = f"γ={args.gamma}"
-        timed = {"plain": [], fixed: []}  # (call index, stats) of every timed call, for the decomposition
+        # (call index, stats) of every timed call, for the decomposition
+        timed: dict[str, list] = {"plain": [], fixed: []}
         for _ in range(args.repeats):
             totals = {name: [0, 0.0, 0, 0] for name in modes}  # tokens, seconds, accepted, drafted
             for i, prompts in enumerate(calls):

@@ -222,15 +222,16 @@ def one_prompt(args: argparse.Namespace) -> int:
     target, draft = load_models(args)
     kw = gen_kwargs(args, draft)
     stream = jaxspec.stream(target, [prompt], draft=draft, seed=args.seed, **kw)
-    shown = []
+    pieces = []
     for step in stream:
         piece = step.texts[0] if step.texts else ""
         if piece:
             sys.stdout.write(piece)
             sys.stdout.flush()
-            shown.append(piece)
+            pieces.append(piece)
     result = stream.result
-    shown = "".join(shown)
+    assert result is not None and result.texts is not None  # set at the stream's end; a text prompt has a tokenizer
+    shown = "".join(pieces)
     text = result.texts[0]
     if len(text) > len(shown) and text.startswith(shown):  # text held back as incomplete UTF-8 at the very end
         sys.stdout.write(text[len(shown) :])

@@ -106,7 +106,8 @@ def summary_table(records: list[dict]) -> str:
 def position_acceptance(records: list[dict]) -> list[float | None]:
     """P(draft i accepted | drafts before it accepted), i = 1..γ, pooled over rows (rows may differ in γ); None
     where no row reached position i."""
-    reached, passed = [], []
+    reached: list[int] = []
+    passed: list[int] = []
     for rec in records:
         row_reached, row_passed = position_counts(rec.get("accept_hist") or [])
         for i, (r, a) in enumerate(zip(row_reached, row_passed)):  # rows may differ in γ

@@ -147,8 +147,8 @@ class LookupFirst(Drafter):
         if not self.name:
             object.__setattr__(self, "name", f"lookup+{self.drafter.name}")
 
-    @property
-    def features(self) -> bool:
+    @property  # the base class's is a plain class attribute; this one follows the fallback
+    def features(self) -> bool:  # type: ignore[override]
         """The fallback's: True when it drafts from the target's hidden states."""
         return self.drafter.features
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -21,7 +22,9 @@ def write(path: str | Path, own, meta: dict) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     leaves = jax.tree_util.tree_flatten_with_path(own)[0]
-    flat = {"/".join(str(k.key) for k in p): np.asarray(v, np.float32).astype(np.float16) for p, v in leaves}
+    flat: dict[str, Any] = {
+        "/".join(str(k.key) for k in p): np.asarray(v, np.float32).astype(np.float16) for p, v in leaves
+    }
     np.savez(path / WEIGHTS, **flat)
     (path / META).write_text(json.dumps({"kind": EAGLE_HEAD, **meta}) + "\n")
     return path
@@ -35,6 +38,7 @@ def read(path: str | Path) -> tuple[Path, dict, dict]:
     if not is_head(path):
         raise ValueError(f"{path} is not an EAGLE head (no {META} with kind {EAGLE_HEAD!r})")
     meta = read_meta(path)
+    assert meta is not None  # is_head read it
     own: dict = {}
     with np.load(path / WEIGHTS) as data:
         for key in data.files:

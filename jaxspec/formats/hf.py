@@ -105,9 +105,11 @@ def load_params(root: Path, family: ModelFamily, cfg, shardings=None, tensors=No
         if sharding is None:
             value = jnp.asarray(_stacked_slice(arrays, w.stacked, (slice(None),) * len(shape), target))
         else:
-            value = jax.make_array_from_callback(
-                shape, sharding, lambda index, a=arrays, s=w.stacked: _stacked_slice(a, s, index, target)
-            )
+
+            def data(index, a=arrays, s=w.stacked):
+                return _stacked_slice(a, s, index, target)
+
+            value = jax.make_array_from_callback(shape, sharding, data)
         _set(params, w.path, value)
     _check_fused(fused)
     leaves = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(abstract)}
@@ -181,6 +183,7 @@ def load(
         family = families.family_for_model_type(model_type)
     except ValueError as err:
         raise ValueError(f"{err} (in {root / 'config.json'})") from None
+    assert model_type is not None  # family_for_model_type refuses None
     cfg = family.config_from_hf(config, model_type, dtype)
     shardings = None if mesh is None else family.shardings(cfg, mesh, name=root.name)
     params = load_params(root, family, cfg, shardings, tensors)

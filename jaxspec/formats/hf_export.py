@@ -23,7 +23,8 @@ from jaxspec.models.families import ModelFamily
 
 def hf_tensors(family: ModelFamily, cfg, params) -> dict[str, np.ndarray]:
     """Hugging Face tensor name -> array, by the family's weight table (parts of a fused tensor concatenated)."""
-    out, parts = {}, {}
+    out: dict[str, np.ndarray] = {}
+    parts: dict[str, list] = {}
     for w in family.weights(cfg):
         value = np.asarray(w.get(params))
         for name, part in zip(w.names(cfg.num_layers), value if w.stacked else [value]):
@@ -52,13 +53,14 @@ def _full_vocab(cfg: llama.LlamaConfig, params) -> tuple[llama.LlamaConfig, dict
 def _family(cfg, model_type: str | None) -> ModelFamily:
     """The record that exports ``cfg``: the one of ``model_type``, or the first exporting family of its config."""
     exporters = [f for f in families.registered() if f.config_to_hf is not None]
+    family: ModelFamily | None
     if model_type is None and getattr(cfg, "rotary_dim", None) is not None:
         model_type = "phi3"  # the Llama-layout model of transformers that rotates part of each head
     if model_type is not None:
         family = families.family_for_model_type(model_type)
     else:
         family = next((f for f in exporters if isinstance(cfg, f.config_class) and f.layout_of is None), None)
-    if family not in exporters or not isinstance(cfg, family.config_class):
+    if family is None or family not in exporters or not isinstance(cfg, family.config_class):
         supported = "; ".join(f"{f.config_class.__name__} as {'/'.join(f.architectures)}" for f in exporters)
         asked = f" as model_type={model_type!r}" if model_type is not None else ""
         raise ValueError(
@@ -86,6 +88,7 @@ def export_hf(model: CausalLM, directory: str | os.PathLike, *, model_type: str 
     if getattr(cfg, "vocab_ids", ()):
         cfg, params = _full_vocab(cfg, params)
     eos = model.eos_token_id
+    assert family.config_to_hf is not None  # _family returns exporting families only
     config = {**family.config_to_hf(cfg, model_type), "eos_token_id": list(eos) if isinstance(eos, tuple) else eos}
     directory.mkdir(parents=True, exist_ok=True)
     safetensors_file.write(directory / "model.safetensors", hf_tensors(family, cfg, params))

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 # what jaxspec.load reads from a Hugging Face model directory (jaxspec.formats.hf, jaxspec.formats.hf_wrappers)
 PATTERNS = (
@@ -90,7 +91,7 @@ def snapshot(repo_id: str, *, revision: str | None = None, gguf_file: str | None
 
     cache = cache_dir()
     patterns = _patterns(gguf_file)
-    kwargs = dict(revision=revision, cache_dir=str(cache), allow_patterns=patterns)
+    kwargs: dict[str, Any] = dict(revision=revision, cache_dir=str(cache), allow_patterns=patterns)
     try:
         local = Path(huggingface_hub.snapshot_download(repo_id, local_files_only=True, **kwargs))
         if _complete(local, gguf_file):

@@ -19,6 +19,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 class LineError(ValueError):
@@ -64,7 +65,7 @@ def parse_line(raw: bytes):
         raise ValueError(f"not valid JSON ({err.msg} at column {err.colno})") from None
 
 
-def iter_jsonl(path) -> Iterator[tuple[int, object]]:
+def iter_jsonl(path) -> Iterator[tuple[int, Any]]:
     """(line number, JSON value) for every non-blank line of ``path`` (gzip-compressed if it ends in ``.gz``).
     The first line that is not UTF-8 JSON raises ``LineError``."""
     for number, raw in _lines(path):
@@ -123,6 +124,7 @@ def prompt_row(obj, line: int) -> Row:
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     category = obj.get("category")
+    prompt: str | None
     if category is not None and not isinstance(category, str):
         raise ValueError(f'"category" must be a string, got {category!r}')
     if "turns" in obj or "question_id" in obj:
@@ -143,7 +145,9 @@ def read_prompts(path) -> tuple[list[Row], list[str]]:
     """The rows of a prompt file and its problems. A line that is not a valid row, or repeats an earlier id, is
     left out and described in ``problems`` (``"{path} line {n}: {reason}"``, in file order); whether that is fatal
     is the caller's choice."""
-    rows, seen, problems = [], {}, []
+    rows: list[Row] = []
+    seen: dict[str, int] = {}
+    problems: list[str] = []
     for number, raw in _lines(path):
         try:
             row = prompt_row(parse_line(raw), number)
@@ -188,7 +192,7 @@ def read_output(path) -> Existing:
         return Existing({}, 0, 0)
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
-    records = {}
+    records: dict[str, dict] = {}
     for number, raw in enumerate(data[:end].split(b"\n")[:-1], start=1):
         if not raw.strip():
             continue

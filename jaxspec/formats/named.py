@@ -22,6 +22,7 @@ import tempfile
 import zipfile
 from importlib import metadata
 from pathlib import Path
+from typing import TypeGuard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +83,7 @@ def is_model(name: str) -> bool:
     return name in MODELS and MODELS[name].member.endswith(".gguf")
 
 
-def names_model(value) -> bool:
+def names_model(value) -> TypeGuard[str]:
     """Whether ``value`` (a string or path) names a named model rather than a file or directory: a named model's
     name with no such path in the working directory (a path of that name wins)."""
     return isinstance(value, str) and is_model(value) and not Path(value).exists()
@@ -111,7 +112,7 @@ def _installed(model: NamedModel) -> Path | None:
         dist = metadata.distribution(model.package)
     except metadata.PackageNotFoundError:
         return None
-    path = Path(dist.locate_file(model.member))
+    path = Path(str(dist.locate_file(model.member)))
     if dist.version != model.version or not path.is_file() or path.stat().st_size != model.size:
         return None
     return path

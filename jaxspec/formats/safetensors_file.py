@@ -47,7 +47,7 @@ class SafetensorsFile:
         header.pop("__metadata__", None)
         self.header = header
         self.offset = 8 + n
-        self._data = None
+        self._data: np.memmap | None = None
 
     def keys(self):
         """Names of the tensors in the file."""

@@ -275,7 +275,7 @@ class EngineRun:
         engine, request, spec = self.engine, self.batch.request, self.spec
         tparams, dparams = inputs_lib.place_params(request.target, self.drafter, spec.mesh, request.shard_draft)
         n, width = request.num_rows, engine.slots
-        order = range(n)
+        order: Sequence[int] = range(n)
         if engine.schedule == "longest_first":  # stable: ties keep arrival order
             order = sorted(order, key=lambda i: -int(request.max_new[i]))
         queue = collections.deque(order)
@@ -367,14 +367,15 @@ class EngineRun:
         for r, i in enumerate(take):
             prompt[r, : len(request.rows[i])] = request.rows[i]
             eos[r, : len(batch.eos[i])] = batch.eos[i]
+        # host arrays here (LoopInputs holds jax.Arrays once placed, just below)
         inputs = loop.LoopInputs(
-            prompt=prompt,
+            prompt=prompt,  # type: ignore[arg-type]
             prompt_len=col([len(request.rows[i]) for i in take], 1, np.int32),
             max_new=col(request.max_new[take], 1, np.int32),
-            active=np.arange(k) < len(take),
+            active=np.arange(k) < len(take),  # type: ignore[arg-type]
             seeds=col(request.seeds[take], 0, np.uint32),
             row_ids=col(batch.row_ids[take], 0, np.uint32),
-            eos=eos,
+            eos=eos,  # type: ignore[arg-type]
             sampling=SamplingParams.create(
                 col(request.temperature[take], 0.0, np.float32),
                 col(np.minimum(request.top_k[take], self.spec.vocab_size), 0, np.int32),
@@ -404,7 +405,11 @@ class EngineRun:
         )
         error = None
         if bad_t[slot] or bad_d[slot]:
-            who = f"target model {self.batch.request.target.name!r}" if bad_t[slot] else f"draft {self.drafter.name!r}"
+            if bad_t[slot]:
+                who = f"target model {self.batch.request.target.name!r}"
+            else:
+                assert self.drafter is not None  # only a drafter's logits set the draft's flag
+                who = f"draft {self.drafter.name!r}"
             error = f"{who} produced NaN/inf logits (or no finite logit); the tokens are not trustworthy"
         tokenizer = self.batch.request.target.tokenizer
         text = None if tokenizer is None else results.decode(tokenizer, out)
@@ -427,6 +432,7 @@ class EngineRun:
         if self.decision is None:
             return
         request, stats = self.batch.request, self.stats
+        assert self.policy is not None  # choose_gamma returns it with the decision
         self.policy.observe_rounds(
             request.target,
             request.drafter,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import jax
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from jaxspec import loop
 from jaxspec import policy as policy_lib
 from jaxspec.core.model import CausalLM
-from jaxspec.drafters import PromptLookup
+from jaxspec.drafters import Drafter
 from jaxspec.generation import inputs as inputs_lib
 from jaxspec.generation import results
 from jaxspec.generation.config import GenerationConfig
@@ -71,7 +72,8 @@ def choose_gamma(
     them) and from the acceptance seen in earlier calls.
     """
     if not request.auto:
-        return (request.gamma if request.drafter is not None else 0), None, None
+        gamma = cast(int, request.gamma)  # an int (Python or NumPy) unless gamma="auto"
+        return (gamma if request.drafter is not None else 0), None, None
     policy = request.policy or policy_lib.DEFAULT
 
     def round_timer(gammas) -> dict:
@@ -114,7 +116,7 @@ class Prepared:
       shard_draft: on a mesh, whether the draft's weights are sharded (True) or replicated.
       decision: with ``gamma="auto"``, the ``jaxspec.policy.Decision``; else None.
       policy: with ``gamma="auto"``, the ``AutoGamma`` that decided (it learns from the result); else None.
-      draft: the drafter actually used (a ``CausalLM`` or ``PromptLookup``); None for plain decoding.
+      draft: the drafter actually used (a ``CausalLM`` or a ``Drafter``); None for plain decoding.
       target: the target model.
       drafter: with ``gamma="auto"``, the drafter the policy decided for (also when it chose plain decoding).
       config: the call's settings as given (its ``draft`` names the culprit in a ``NonFiniteLogitsError``).
@@ -127,13 +129,14 @@ class Prepared:
     shard_draft: bool = True
     decision: policy_lib.Decision | None = None
     policy: policy_lib.AutoGamma | None = None
-    draft: CausalLM | PromptLookup | None = None
+    draft: CausalLM | Drafter | None = None
     target: CausalLM | None = None
     drafter: object = None
     config: GenerationConfig = GenerationConfig()
 
     def placed_params(self) -> tuple:
         """``(target_params, draft_params)`` placed as the loop takes them (``inputs.place_params``)."""
+        assert self.target is not None  # prepare sets it
         return inputs_lib.place_params(self.target, self.draft, self.spec.mesh, self.shard_draft)
 
 
@@ -181,6 +184,7 @@ def run(prep: Prepared) -> tuple[loop.State, float, float]:
         state = jax.block_until_ready(state)
         compile_s += seconds
         key = mesh_key(prep.spec.mesh, prep.shard_draft)
+        assert prep.policy is not None  # prepare sets it with the decision
         batch, prompt_tokens = prep.inputs.prompt.shape
         prefill_s = time.perf_counter() - before - seconds
         prep.policy.observe_prefill(
@@ -208,6 +212,7 @@ def finish(prep: Prepared, state: loop.State, wall_time_s: float, compile_time_s
     """Stage 5: the ``GenerationResult`` of the final ``state``; with ``gamma="auto"`` the acceptance seen is fed
     back into the policy's running estimate. The draft as the caller gave it names the culprit in a
     ``NonFiniteLogitsError``."""
+    assert prep.target is not None  # prepare sets it
     draft = prep.config.draft
     kind = "draft model" if isinstance(draft, CausalLM) else "draft"
     names = f"target model {prep.target.name!r}", f"{kind} {getattr(draft, 'name', draft)!r}"
@@ -224,6 +229,7 @@ def finish(prep: Prepared, state: loop.State, wall_time_s: float, compile_time_s
     )
     stats = result.stats
     if prep.decision is not None and stats.drafted:
+        assert prep.policy is not None  # prepare sets it with the decision
         temperature = np.ravel(sharding.to_host(prep.inputs.sampling.temperature))[: prep.num_rows]
         prep.policy.observe(
             prep.target,
@@ -289,7 +295,11 @@ class Stream:
             if prep.tokenizer is not None:
                 texts = []
                 for b in range(n):
-                    full = results.decode(prep.tokenizer, tokens[b, plen[b] : length[b]].tolist()) if new[b] else ""
+                    full = (
+                        results.decode(prep.tokenizer, tokens[b, plen[b] : length[b]].tolist())
+                        if tokens is not None and new[b]
+                        else ""
+                    )
                     if not new[b] or full.endswith("\ufffd"):  # hold back incomplete UTF-8 sequences
                         texts.append("")
                         continue

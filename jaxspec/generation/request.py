@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -263,6 +264,7 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
     argument for any other bad input. Compiles nothing.
     """
     cfg = GenerationConfig.of(config, settings, "generate")
+    gamma: Any  # as given (unchecked) until the checks below
     draft, gamma, max_length = cfg.draft, cfg.gamma, cfg.max_length
     if not isinstance(target, CausalLM):
         raise TypeError(f"target must be a jaxspec.CausalLM, got {type(target).__name__}")
@@ -323,7 +325,7 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
     top_p = per_row_sampling(top_p, "top_p", n)
     # one seed: row b draws from fold_in(key(seed), b); one seed per prompt: a row depends on its own seed only
     row_ids = np.arange(n) if is_int(cfg.seed) else np.zeros(n, np.int64)
-    eos_token_id = target.eos_token_id if cfg.eos_token_id is None else cfg.eos_token_id
+    eos_token_id: Any = target.eos_token_id if cfg.eos_token_id is None else cfg.eos_token_id  # checked below
     eos = [] if eos_token_id is None else ([eos_token_id] if is_int(eos_token_id) else list(eos_token_id))
     for e in eos:
         if not is_int(e) or not 0 <= e < vocab:

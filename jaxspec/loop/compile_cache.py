@@ -51,7 +51,7 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None, *, min_
     number = isinstance(min_compile_time_s, (int, float)) and not isinstance(min_compile_time_s, bool)
     if not (number and min_compile_time_s >= 0):
         raise ValueError(f"min_compile_time_s must be a number >= 0, got {min_compile_time_s!r}")
-    current = jax.config.jax_compilation_cache_dir
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # a dynamic config attribute
     if current:
         return Path(current)
     if directory is None:

@@ -87,7 +87,8 @@ def _target_pass(spec: LoopSpec, params, tokens, positions, cache):
     """``(logits, hidden states or None, cache)``: the target's pass, through the drafter's ``target_features``
     when it drafts from the target's features (``Drafter.features``)."""
     if spec.drafter.features:
-        return spec.drafter.target_features(params, tokens, positions, cache)
+        # only features drafters define target_features (the protocol in jaxspec.drafters.base)
+        return spec.drafter.target_features(params, tokens, positions, cache)  # type: ignore[attr-defined]
     logits, cache = spec.target_apply(params, tokens, positions, cache)
     return logits, None, cache
 

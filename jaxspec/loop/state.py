@@ -131,6 +131,7 @@ def state_shardings(spec: LoopSpec, state: State) -> State:
     """Where each part of the loop state lives on ``spec.mesh``: every per-row array (all but the caches) split
     over ``data`` (batch), caches by ``sharding.CACHE_AXES`` (other drafter states: left to XLA)."""
     mesh = spec.mesh
+    assert mesh is not None  # callers check spec.mesh first (constrain_state, programs)
 
     def named(field, value):
         if value is None:

@@ -68,6 +68,7 @@ def head_fns(cfg: LlamaConfig):
         return module.apply(variables, tokens, feats, positions, cache, full_vocab)
 
     def init_cache(batch_size: int, max_length: int) -> KVCache:
+        assert cfg.head_dim is not None  # LlamaConfig.__post_init__ sets it
         return KVCache.zeros(cfg.num_layers, batch_size, max_length, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype)
 
     return apply_fn, init_cache

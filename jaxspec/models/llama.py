@@ -118,6 +118,7 @@ class Attention(nn.Module):
         cfg = self.cfg
         batch, length, _ = x.shape
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        assert d is not None  # LlamaConfig.__post_init__ sets head_dim
         q = dense(h * d, "q_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, h, d)
         k = dense(kvh * d, "k_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)
         v = dense(kvh * d, "v_proj", cfg, bias=cfg.qkv_bias)(x).reshape(batch, length, kvh, d)

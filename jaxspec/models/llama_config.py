@@ -6,6 +6,7 @@ phi3 through ``models.phi3``). ``jaxspec.models.llama`` re-exports every public 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from jaxspec.core import dtypes
 from jaxspec.models.rope import check_rope, rope_from_hf, rotation
@@ -113,6 +114,7 @@ class LlamaConfig:
             if self.hidden_size % self.num_heads:
                 raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        assert self.head_dim is not None  # set just above when it was None
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.rotary_dim == self.head_dim:
@@ -206,7 +208,7 @@ def build_config(
         o_bias=o_bias,
         qk_norm=qk_norm,
         rope_type=rope_type,
-        rope_params=rope_params,
+        rope_params=tuple(rope_params.items()),  # sorted by __post_init__
         sliding_window=c.get("sliding_window") if sliding else None,
         norm_offset=1.0 if gemma else 0.0,
         embed_scale=gemma,
@@ -269,7 +271,8 @@ def config_from_hf(c: dict, model_type: str, dtype: str) -> LlamaConfig:
     bias = bool(c.get("attention_bias", False))
     if model_type == "granite":
         cfg = build_config(c, model_type, dtype, qkv_bias=bias, o_bias=bias)
-        return dataclasses.replace(cfg, **{k: float(c.get(k) or 1.0) for k in GRANITE_MULTIPLIERS})
+        multipliers: dict[str, Any] = {k: float(c.get(k) or 1.0) for k in GRANITE_MULTIPLIERS}
+        return dataclasses.replace(cfg, **multipliers)
     return build_config(
         c,
         model_type,
@@ -286,7 +289,7 @@ def _model_type(cfg: LlamaConfig) -> str:
     """The Hugging Face ``model_type`` that describes ``cfg`` exactly."""
     gemma = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (1.0, True, "gelu_tanh")
     llama_like = (cfg.norm_offset, cfg.embed_scale, cfg.mlp_activation) == (0.0, False, "silu")
-    gemma23 = (cfg.layer_types, cfg.local_rope_theta, cfg.sandwich_norms, cfg.query_pre_attn_scalar)
+    gemma23: tuple = (cfg.layer_types, cfg.local_rope_theta, cfg.sandwich_norms, cfg.query_pre_attn_scalar)
     gemma23 += (cfg.attn_softcap, cfg.final_softcap)
     if gemma and cfg.sandwich_norms:
         if cfg.qkv_bias or cfg.o_bias or cfg.qk_norm != (cfg.local_rope_theta is not None):
@@ -345,6 +348,7 @@ def common_hf_config(cfg: LlamaConfig, model_type: str, architecture: str) -> di
             "per-dimension RoPE factors (a GGUF file's rope_freqs, Llama 3.1's scaling as llama.cpp stores it) have "
             "no Hugging Face config equivalent; export a checkpoint loaded from Hugging Face instead"
         )
+    assert cfg.head_dim is not None  # LlamaConfig.__post_init__ sets it
     partial = {} if cfg.rotary_dim is None else {"partial_rotary_factor": cfg.rotary_dim / cfg.head_dim}
     return partial | {
         "architectures": [architecture],
@@ -381,6 +385,7 @@ def config_to_hf(cfg: LlamaConfig, model_type: str | None = None) -> dict:
     if inferred in ("llama", "gemma", "granite"):
         config["attention_bias"] = cfg.o_bias
     if inferred == "granite":
+        assert cfg.head_dim is not None  # LlamaConfig.__post_init__ sets it
         multiplier = cfg.attention_multiplier or (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
         config.update({k: getattr(cfg, k) for k in GRANITE_MULTIPLIERS}, attention_multiplier=multiplier)
     if inferred.startswith("gemma"):

@@ -22,6 +22,7 @@ _PHI3 = dict(qkv_bias=False, o_bias=False, qk_norm=False, norm_offset=0.0, embed
 
 def weights(cfg: llama.LlamaConfig) -> list[Weight]:
     """Llama's weight table with q/k/v and gate/up taken as rows of the fused tensors."""
+    assert cfg.head_dim is not None  # LlamaConfig.__post_init__ sets it
     q, kv, mlp = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
     fused = {
         "q_proj": ("self_attn.qkv_proj", 0, q),

@@ -44,11 +44,11 @@ class RopeType:
     """A registered rope type.
 
     Attributes:
-      fn: ``fn(head_dim, theta, **params) -> [head_dim // 2]`` inverse frequencies.
+      fn: ``fn(head_dim, theta, **params) -> [head_dim // 2]`` inverse frequencies (or a ``Rotation``).
       required, optional: the names of the ``rope_scaling`` parameters ``fn`` needs and may take.
     """
 
-    fn: Callable[..., np.ndarray]
+    fn: Callable[..., np.ndarray | Rotation]
     required: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
 
@@ -72,7 +72,7 @@ class Rotation:
     long_from: int | None = None
 
 
-def register_rope(name: str, fn: Callable[..., np.ndarray], required=(), optional=()) -> None:
+def register_rope(name: str, fn: Callable[..., np.ndarray | Rotation], required=(), optional=()) -> None:
     """Add (or replace) the rope type ``name`` in ``ROPE_TYPES`` (see ``RopeType``)."""
     ROPE_TYPES[name] = RopeType(fn, tuple(required), tuple(optional))
 
@@ -269,6 +269,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, rot: Rotation | np.ndarray) -
         rot = Rotation(np.asarray(rot))
     inv_freq = jnp.asarray(rot.inv_freq, jnp.float32)[None, None, :]
     if rot.long_inv_freq is not None:  # per position: the long frequencies from `long_from` on
+        assert rot.long_from is not None, "a Rotation with long_inv_freq needs long_from"
         long = (positions >= rot.long_from)[:, :, None]
         inv_freq = jnp.where(long, jnp.asarray(rot.long_inv_freq, jnp.float32)[None, None, :], inv_freq)
     angles = positions.astype(jnp.float32)[:, :, None] * inv_freq

@@ -28,7 +28,7 @@ from jaxspec.core.cache import KVCache, causal_mask, write_layer
 from jaxspec.core.model import CausalLM
 from jaxspec.models import families
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "silu": nn.silu,
     "gelu": functools.partial(nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
@@ -137,6 +137,11 @@ class MultiHeadShape:
     """The derived shape fields of a config with ``hidden_size``, ``num_heads`` and ``dtype`` and no grouped-query
     attention (GPT-2, GPT-NeoX), as ``LlamaConfig`` has them."""
 
+    # declared for the type checker only (no defaults: the dataclass config that subclasses this declares the fields)
+    hidden_size: int
+    num_heads: int
+    dtype: str
+
     @property
     def head_dim(self) -> int:
         """``hidden_size // num_heads``."""
@@ -175,10 +180,11 @@ class Builder:
     weights: Callable[[Any], list[families.Weight]]
     name: str
 
-    def model_fns(self, cfg):
+    def model_fns(self, cfg) -> tuple[Callable, Callable]:
         """``(apply_fn, init_cache)`` for a config; the same objects for equal configs, so compiled code is shared.
         ``apply_fn`` takes the params stacked (``init_params``) or split per layer (``from_params``' default)."""
-        return _model_fns(self.module_cls, cfg)
+        # a class is hashable; mypy reads flax's per-instance Module.__hash__ as the class object's
+        return _model_fns(self.module_cls, cfg)  # type: ignore[arg-type]
 
     def init_params(self, cfg, seed: int = 0):
         """Random parameters, stacked (each module's own initializers: normal(init_std) weights, unit norm scales,

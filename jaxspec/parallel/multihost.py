@@ -39,7 +39,8 @@ def share_prompts(local_prompts: Sequence, tokenizer=None) -> tuple[list[list[in
     for i, r in enumerate(rows):
         local[i, : len(r)] = r
     everyone = np.asarray(multihost_utils.process_allgather(local))  # [P, n_max, len_max]
-    out, start = [], 0
+    out: list[list[int]] = []
+    start = 0
     for proc, (count, _) in enumerate(all_sizes):
         if proc == jax.process_index():
             start = len(out)

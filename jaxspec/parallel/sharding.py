@@ -125,7 +125,8 @@ def partition_spec(
     """
     if len(axes) != len(shape):
         raise ValueError(f"{name}: logical axes {axes} do not match its shape {tuple(shape)}")
-    used, spec = set(), []
+    used: set[str] = set()
+    spec: list[str | None] = []
     for dim, logical in zip(shape, axes):
         target = RULES.get(logical) if logical is not None else None
         shards = axis_size(mesh, target) if target else 1
@@ -168,14 +169,17 @@ def param_axes(table: Mapping[tuple[str, ...], tuple] | None, path: tuple[str, .
 class Plan:
     """Where each parameter goes on a mesh: ``specs`` (a pytree of ``PartitionSpec``), ``fallbacks``."""
 
-    mesh: Mesh
+    mesh: Mesh | None  # None: planned without a mesh (``plan(model, None)``: every tensor replicated)
     specs: Any
     fallbacks: tuple[Fallback, ...]
 
     @property
     def shardings(self):
         """``specs`` as ``NamedSharding``s on ``mesh`` (same tree)."""
-        return jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.specs, is_leaf=lambda x: isinstance(x, P))
+        mesh = self.mesh
+        if mesh is None:
+            raise TypeError("a Plan made without a mesh has no shardings")
+        return jax.tree.map(lambda s: NamedSharding(mesh, s), self.specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def _head_dim(config) -> int:
@@ -183,7 +187,14 @@ def _head_dim(config) -> int:
 
 
 def plan_params(
-    abstract_params, table, config, mesh: Mesh, *, replicate: bool = False, strict: bool = False, name: str = "model"
+    abstract_params,
+    table,
+    config,
+    mesh: Mesh | None,
+    *,
+    replicate: bool = False,
+    strict: bool = False,
+    name: str = "model",
 ) -> Plan:
     """Shard plan for a params pytree (arrays or ``ShapeDtypeStruct``s) by the logical-axis table ``table``."""
     fallbacks: list[Fallback] = []

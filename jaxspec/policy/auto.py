@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import cast
 
 import jax
 
@@ -366,7 +367,8 @@ class AutoGamma:
         else:
             reason = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
             chosen = 0
-            if self.explore_after is not None and state.plain_streak >= state.probe_wait:
+            wait = cast(int, state.probe_wait)  # an int while explore_after is one (it starts as explore_after)
+            if self.explore_after is not None and state.plain_streak >= wait:
                 hopeful = speedups(tuple(max(a, self.prior_alpha) for a in positions))
                 bet = max(hopeful, key=hopeful.get)
                 if hopeful[bet] >= self.margin:
@@ -376,7 +378,7 @@ class AutoGamma:
                         f"expected {gains[best]:.2f}× at the current estimate, {hopeful[bet]:.2f}× at "
                         f"acceptance >= {self.prior_alpha})"
                     )
-                    state.plain_streak, state.probe_wait = 0, 2 * state.probe_wait
+                    state.plain_streak, state.probe_wait = 0, 2 * wait
             if not probe:
                 state.plain_streak += 1
         self._forget(self._pair(target, draft, greedy))

@@ -141,5 +141,5 @@ def save(path: Path, costs: Costs) -> bool:
 def default_directory() -> Path | None:
     """Where the costs follow the compilation cache: ``<jax_compilation_cache_dir>/jaxspec-auto-costs`` when one is
     set (``jaxspec.loop.compile_cache.enable_compilation_cache``, which the CLI turns on), else None (not kept)."""
-    current = jax.config.jax_compilation_cache_dir
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # a dynamic config attribute
     return Path(current) / SUBDIR if current else None

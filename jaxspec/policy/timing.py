@@ -7,6 +7,7 @@ import functools
 import math
 import statistics
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +86,7 @@ def _timed_in_turn(calls: dict, iters: int, skip: int, budget_s: float) -> dict:
         while warm == 0 or (time.perf_counter() - start < WARM_S and warm < 20):
             call()
             warm += 1
-    times = {key: [] for key in calls}
+    times: dict[Any, list[float]] = {key: [] for key in calls}
     spent, repeats = 0.0, 0
     while repeats == 0 or (repeats < iters and spent < budget_s * len(calls)):
         for key, call in calls.items():
@@ -311,7 +312,7 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     needed = [(target, n, False) for n in widths]  # (model, tokens, prefill) passes
     if has_model:
         needed += [(draft, 1, False), (draft, tokens, True)]
-    copies = {m: depth_copies(m) for m in {m for m, _, _ in needed}}
+    copies = {m: depth_copies(m) or {} for m in {m for m, _, _ in needed}}  # {}: timed whole
     # per pass, the programs it is timed by: {layers: step} for a deep model's copies, {None: step} for the model
     plans = {
         (m, n, pre): {k: (c, batch, cache_len, n, pre) for k, c in copies[m].items()}
@@ -319,7 +320,9 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
         else {None: (m, batch, cache_len, n, pre)}
         for m, n, pre in needed
     }
-    programs = {s: functools.partial(_lower_step, s) for plan in plans.values() for s in plan.values()}
+    programs: dict[Any, functools.partial] = {
+        s: functools.partial(_lower_step, s) for plan in plans.values() for s in plan.values()
+    }
     programs["draw"] = functools.partial(lower_sampling, batch, target.vocab_size)
     compiled = compile_all(programs)  # lowered in turn, compiled on parallel threads as each is ready
 

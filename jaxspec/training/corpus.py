@@ -107,6 +107,7 @@ def encode_split(tokenizer_dir: str | os.PathLike, split: str) -> np.ndarray:
 
     tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
     eos = tok.token_to_id(EOS)
+    assert eos is not None  # train_tokenizer adds EOS as a special token
     texts = [read_text(p) for _, p in corpus_files(split)]
     ids: list[int] = []
     for enc in tok.encode_batch(texts, add_special_tokens=False):

@@ -24,7 +24,9 @@ import dataclasses
 import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -119,7 +121,7 @@ def _prompt_ids(target: CausalLM, prompts, name: str) -> list[list[int]]:
 
 
 @functools.cache
-def train_step_fn(target: tuple, draft: tuple, kind: str):
+def train_step_fn(target: tuple[Callable, Callable], draft: tuple[Callable, Callable], kind: str):
     """Jitted ``(params, opt_state, target_params, tokens [B, T], mask [B, T], temperature, schedule [3]) ->
     (params, opt_state, loss)``: one ``optimizer`` step on the ``mask``-weighted mean of ``divergence(kind)``
     between the target's and the draft's next-token distributions at every position. ``target``/``draft`` =
@@ -165,7 +167,7 @@ def _batch_at(
     gen_seed, draft_seed = (int(x) for x in rng.integers(0, 2**31, size=2))
     n_draft = int(round(on_policy * batch_size))
     eos = target.eos_token_id if target.eos_token_id is not None else ()
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos)
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos)
     outs = []
     if n_draft:
         outs += generate(draft, rows[:n_draft], seed=draft_seed, **kw).tokens

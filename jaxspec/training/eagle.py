@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -191,7 +192,8 @@ def _measure(target: CausalLM, head, data, batch_size: int, scales: tuple | None
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
     hits = _agreement_fn(target.config, head.config, scales or (head.temperature_scale,))
     order = sorted(range(len(records)), key=lambda i: len(records[i][0]) + len(records[i][1]))
-    total, accepted = np.zeros(4, np.int64), 0.0
+    total = np.zeros(4, np.int64)
+    accepted: float | np.ndarray = 0.0
     for first in range(0, len(order), batch_size):
         chunk = [records[i] for i in order[first : first + batch_size]]
         width = -(-max(len(p) + len(o) for p, o in chunk) // 64) * 64  # few distinct shapes: few compiles
@@ -287,7 +289,7 @@ def train_head(
         raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
     if any(t < 0 or t >= target.vocab_size for p, o in records for t in p + o):
         raise ValueError(f"data has token ids outside the target's vocabulary [0, {target.vocab_size})")
-    vocab_ids = ()
+    vocab_ids: tuple[int, ...] = ()
     if vocab:
         eos = target.eos_token_id
         always = () if eos is None else [eos] if isinstance(eos, int) else eos
@@ -326,7 +328,7 @@ def train_head(
                 checkpoints.save(done, {"params": own, "opt_state": opt_state, "loss": last})
             bar.update(1)
             if due(done, log_every, steps):
-                record = {"step": done, "loss": float(last), "tok_s": seen / (time.perf_counter() - t0)}
+                record: dict[str, Any] = {"step": done, "loss": float(last), "tok_s": seen / (time.perf_counter() - t0)}
                 record["loss_kind"] = "eagle"
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 log.append(record)

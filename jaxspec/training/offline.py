@@ -112,7 +112,7 @@ def make_draft(
     """The draft a ``--new-draft`` spec names: the target's first ``target_layers`` layers
     (``draft_from_target``) or a new small Llama (``new_draft`` with ``sizes``); with ``vocab=N``, restricted to
     the N ids most frequent in ``records`` (the training data) plus the target's EOS ids."""
-    vocab_ids = ()
+    vocab_ids: tuple[int, ...] = ()
     if vocab:
         if not records:
             raise ValueError("--new-draft vocab=N chooses the ids from the training data: give --data")

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -29,7 +30,7 @@ from jaxspec.models import llama
 from jaxspec.training import corpus
 from jaxspec.training.common import Checkpoints, append_jsonl, due, make_optimizer, optimizer_step
 
-PAIR_CONFIGS = {
+PAIR_CONFIGS: dict[str, dict[str, Any]] = {
     "target": dict(hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2),
     "draft": dict(
         hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1, tie_embeddings=True
@@ -131,7 +132,8 @@ def latest_params(run: Path, name: str, mcfg: llama.LlamaConfig | None = None):
     run = Path(run).resolve()
     if mcfg is None:
         fields = json.loads((run / f"{name}_config.json").read_text())
-        mcfg = llama.LlamaConfig(**{k: tuple(map(tuple, v)) if k == "rope_params" else v for k, v in fields.items()})
+        kwargs: dict[str, Any] = {k: tuple(map(tuple, v)) if k == "rope_params" else v for k, v in fields.items()}
+        mcfg = llama.LlamaConfig(**kwargs)
     with Checkpoints(run / f"ckpt_{name}", max_to_keep=None, create=False) as checkpoints:
         if checkpoints.latest_step is None:
             raise FileNotFoundError(f"no checkpoint of {name!r} in {run}; train it first")

@@ -12,7 +12,7 @@ import dataclasses
 import re
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -60,10 +60,11 @@ class GGUFContents:
         self.path = path
         self.shards = [path]  # every file of a split model (``_reader``)
         self.file = np.memmap(path, dtype=np.uint8, mode="r")
-        buf = memoryview(self.file)
+        buf = memoryview(self.file)  # type: ignore[arg-type]  # numpy's stubs declare __buffer__ for Python 3.12+ only
         self._buf, self._pos = buf, 4
         (version,) = struct.unpack_from("<I", buf, 4)
-        self._end = "<" if version < 0x10000 else ">"  # a big-endian file reads its version byte-swapped
+        # a big-endian file reads its version byte-swapped
+        self._end: Literal["<", ">"] = "<" if version < 0x10000 else ">"
         version = self._u32()
         if version not in (2, 3):
             raise GGUFError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")

@@ -158,7 +158,7 @@ def _spm_model(meta: dict, tokens: list, types: list, path: Path):
             f"{path}: a 'llama' (SentencePiece) tokenizer needs tokenizer.ggml.scores, one per token "
             f"({len(tokens)} tokens, {'no' if scores is None else len(scores)} scores)"
         )
-    vocab = {}
+    vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)  # a duplicated piece keeps its first id, as llama.cpp's lookup does
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
@@ -200,7 +200,7 @@ def build_tokenizer(meta: dict, path: Path):
     if normalizer is not None:
         tok.normalizer = normalizer
     tok.decoder = decoder
-    post = [processors.ByteLevel(trim_offsets=False)] if kind == "gpt2" else []
+    post: list[processors.PostProcessor] = [processors.ByteLevel(trim_offsets=False)] if kind == "gpt2" else []
     # llama.cpp adds BOS (and EOS) to every encoded text where the file asks: encode(..., add_special_tokens=True)
     # does the same
     ends = {}
