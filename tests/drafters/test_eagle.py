@@ -347,7 +347,7 @@ def test_auto_gamma_with_a_head_times_the_head_and_stays_exact(target, head):
 
 
 def test_cli_trains_an_eagle_head_and_saves_it(tmp_path, target, data, capsys):
-    from jaxspec.training.distill import main
+    from jaxspec.cli.distill import main
 
     jaxspec.save(target, tmp_path / "target")
     flags = ["--target", str(tmp_path / "target"), "--new-draft", "eagle=1,vocab=30", "--data", str(data[0])]
@@ -383,7 +383,7 @@ def test_training_goes_on_from_a_given_head(tmp_path, target, head, data):
 
 
 def test_cli_goes_on_training_a_saved_head(tmp_path, target, head, data, capsys):
-    from jaxspec.training.distill import main
+    from jaxspec.cli.distill import main
 
     jaxspec.save(target, tmp_path / "target")
     eagle.save(head, tmp_path / "head")

@@ -213,7 +213,7 @@ def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturb
     (calibrate="loops" would add the plain one), the rows are the target's greedy tokens, and the run's own
     rounds and acceptance are fed back to the policy for the next run of these shapes."""
     from jaxspec import loop
-    from jaxspec.loop import executables
+    from jaxspec.loop import executables, programs
 
     policy = jaxspec.policy.AutoGamma(gammas=(GAMMA,), margin=0.0)  # speculate whatever this machine's timings
     policy.set_alpha(target, perturbed_draft, True, 0.97)
@@ -222,7 +222,7 @@ def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturb
     lower = loop.rounds_program.lower
 
     def recording_lower(spec, *args):
-        compiled.append((spec, loop._signature(args)))
+        compiled.append((spec, programs._signature(args)))
         return lower(spec, *args)
 
     monkeypatch.setattr(loop.rounds_program, "lower", recording_lower)

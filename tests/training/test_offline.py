@@ -115,7 +115,7 @@ def test_bad_data_is_a_clear_error(tmp_path, target):
 
 @pytest.mark.parametrize("spec", ["hidden=32,layers=1,heads=2,kv_heads=1", "target_layers=1,vocab=30"])
 def test_cli_offline_distills_a_new_draft_and_saves_it(tmp_path, target, data, capsys, spec):
-    from jaxspec.training.distill import main
+    from jaxspec.cli.distill import main
 
     jaxspec.save(target, tmp_path / "target")
     main(
