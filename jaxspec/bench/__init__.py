@@ -41,7 +41,7 @@ The pairs (random weights; the efficiency measures engine overhead whatever α i
 
 Both pairs use the same two architectures, so c and v are the same for both; only α differs. Default sizes
 (float32): target 71 M parameters (hidden 512, 16 layers, MLP 2048, 8 heads / 4 KV heads, vocab 8192), a
-memory-bound step of ~20-25 ms on a 2-core CPU; draft 9.5 M parameters (1 layer, 4 heads / 1 KV head of 64,
+memory-bound step; draft 9.5 M parameters (1 layer, 4 heads / 1 KV head of 64,
 MLP 512, same hidden and vocab), c ≈ 0.06-0.07. The vocabulary is kept at 8192 because the draft must share the
 target's [hidden, vocab] LM head, which dominates its step: with 32 k tokens c would be ~0.1 or more.
 Everything here runs unchanged on any backend (CPU, GPU, TPU).

@@ -78,7 +78,7 @@ QUICK = dict(
 )
 
 # --continuous: greedy, 2 timed passes, the shipped pair; with --quick also slots 1,4 and a pool of 8; with
-# --pair smollm2 (each target step ~55 ms on a 2-core CPU) slots 1,4,16, a pool of 32, 64 new tokens at most.
+# --pair smollm2 (a real model: fewer, shorter rows) slots 1,4,16, a pool of 32, 64 new tokens at most.
 CONTINUOUS = dict(pair="shipped", temperatures=[0.0], repeats=2)
 CONTINUOUS_QUICK = dict(slots=[1, 4], pool=8)
 CONTINUOUS_SMOLLM2 = dict(slots=[1, 4, 16], pool=32, max_new_tokens=64)

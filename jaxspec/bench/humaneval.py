@@ -15,7 +15,7 @@ excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) 
 between calls; a round's cost in plain steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
 
 Prompt ids are written with ``--prompts-out`` so transformers can be timed on the very same ids
-(``scripts/bench_transformers.py``).
+(``scripts/studies/bench_transformers.py``).
 """
 
 from __future__ import annotations

@@ -2,19 +2,18 @@
 
 Every batch size generates the same pool of prompts: the held-out prompts cycled to a multiple of the largest
 batch size (64 rows by default: each of the 24 prompts two or three times), in calls of B rows each,
-``--max-new-tokens`` each (a first version gave batch B the first B prompts, so batch 1 measured one prompt).
+``--max-new-tokens`` each (so every batch size measures the same prompts, batch 1 included).
 A warm-up pass over the pool per mode compiles every prompt-length bucket and gives the auto policy its first
 acceptance observations; then ``--repeats`` timed passes, modes interleaved per call. tokens/s = generated tokens ÷
 device time (compile excluded) of a pass, median over the passes. Ratios are against plain decoding at the same batch
 size in the same run, paired by pass: the median over passes of (the mode's tok/s ÷ plain's in the same pass), so a
-drift of the machine's speed between passes cancels (at batch 64 a pass is one call per mode; a ratio of the
-medians once read 0.92× for auto calls that all decoded plainly, whose prefill + rounds programs time the same
-as plain's single program: 7.37 s against 7.39 s, medians of 6 interleaved calls at batch 64).
+drift of the machine's speed between passes cancels (at batch 64 a pass is one call per mode, and a ratio of
+medians taken apart would carry the drift: docs/history/shipped-pair.md).
 
 Each batch size also gets a decomposition of the fixed-γ mode against plain (``decompose``), from the timed calls
 and the prefill programs of the same calls: the prefill's share of a plain call, a round's cost in plain steps,
 τ, the straggler factor, the decode-only speed-up, the ceiling (every draft accepted, at the measured round cost
-and prefill: what no draft could beat on this machine) and the bound τ/(γc+v) from the standalone costs.
+and prefill: what no draft could beat on the machine that runs it) and the bound τ/(γc+v) from the standalone costs.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def main(argv=None):
         "--data",
         metavar="JSONL",
         help='offline mode: train on the target\'s stored outputs ({"prompt_ids", "output_ids"} '
-        "per line, from scripts/generate_distill_data.py) by cross-entropy instead of generating",
+        "per line, from scripts/data/generate_distill_data.py) by cross-entropy instead of generating",
     )
     ap.add_argument("--out", required=True, help="checkpoint directory (a killed run resumes from it)")
     ap.add_argument("--heldout", help="JSONL file of held-out prompts (default: the last 10%% of --prompts)")

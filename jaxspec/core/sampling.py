@@ -118,7 +118,7 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
     """One categorical draw from ``probs [V]`` (unnormalized is fine; zeros are never drawn): an int32 scalar.
 
     Two-level inverse CDF: a uniform picks a block of 256 tokens by block mass, a second uniform picks the token
-    inside it (two random numbers per draw, see ``docs/design.md``). Cumulative sums stay short (≤ 256 terms or
+    inside it (two random numbers per draw, see ``docs/guides/design.md``). Cumulative sums stay short (≤ 256 terms or
     one per block), so rounding is small and a one-hot (greedy) distribution returns its index exactly. Vectorize
     over rows with ``jax.vmap``.
     """

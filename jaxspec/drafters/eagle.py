@@ -16,7 +16,8 @@ The draft distribution q is the head's warped softmax (restricted to its draft v
 the rejection sampler stays exact: output has the target's distribution whatever the head's quality. A head
 samples at the call's temperature times its ``temperature_scale`` (1 unless set; greedy stays greedy): a head
 trained by cross-entropy is flatter than the target where it is unsure, and a sharper q can accept more at
-temperature 1. ``distill_eagle.tune_temperature_scale`` picks it on held-out records; it is saved with the head.
+temperature 1. ``jaxspec.training.eagle.tune_temperature_scale`` picks it on held-out records; it is saved with the
+head.
 """
 
 from __future__ import annotations
@@ -73,9 +74,8 @@ class EagleDrafter(Drafter):
     temperature_scale: float = 1.0
     catch_up: int = 0
     features = True
-    # A head's acceptance falls along a draft (its later steps read its own features): SmolLM2's head accepts
-    # 0.64 then 0.49 on HumanEval, so γ = 2 bounds highest, at v = 1.3 on CPU (1.35× against 1.16× at γ = 4) and
-    # at v = 1 alike (1.69× against 1.65×, an estimate): the γ a call gets when it names none.
+    # A head's acceptance falls along a draft (its later steps read its own features), so a short chain bounds
+    # highest, on CPU and at v = 1 alike (docs/history/humaneval.md): the γ a call gets when it names none.
     default_gamma = 2
 
     def __post_init__(self):

@@ -38,7 +38,7 @@ _QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
 
 # transformers' defaults (Gemma3TextConfig, MistralConfig, LlamaConfig, Qwen2VLTextConfig, Qwen2_5_VLTextConfig) for
 # the keys jaxspec reads; checked against transformers in tests/fixtures/multimodal_text_defaults.json
-# (scripts/make_fixtures.py --defaults)
+# (scripts/fixtures/make_hf_fixtures.py --defaults)
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(
         vocab_size=262_208,

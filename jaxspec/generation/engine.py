@@ -6,7 +6,7 @@ waiting prompts as there are free slots in one small batch and inserts them into
 draft caches (``jaxspec.loop.slots``), and decoding goes on. Every per-request value (prompt, seed, ``max_new_tokens``,
 EOS ids, temperature, top-k, top-p) is a traced per-row input: nothing recompiles as requests come and go, and
 prompts are bucketed by length as in ``generate``. Why the host drives the refills (JetStream's prefill / insert /
-generate split) rather than a queue inside the loop: see ``docs/design.md``.
+generate split) rather than a queue inside the loop: see ``docs/guides/design.md``.
 
 A row's output equals what ``jaxspec.generate`` returns for that prompt alone with the same seed and
 ``max_length`` (same draws: a row's keys depend only on its seed and its own round counter).

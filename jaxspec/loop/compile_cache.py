@@ -1,9 +1,9 @@
 """A persistent compilation cache: compiled programs kept on disk, so that a later process's first call loads them
 instead of compiling them again (JAX's own cache, ``jax_compilation_cache_dir``).
 
-A process pays XLA's compile on its first call of every shape (SmolLM2-135M on the 2-core CPU: 5-11 s for plain or
-fixed-γ decoding, 16 s with ``gamma="auto"``'s calibration); with the cache, a second process running the same
-shapes loads the executables instead (README: "Compile once, across processes"). The ``jaxspec generate`` command
+A process pays XLA's compile on its first call of every shape (seconds for a real model; ``gamma="auto"`` adds its
+calibration); with the cache, a second process running the same shapes loads the executables instead
+(docs/guides/generation.md). The ``jaxspec generate`` command
 turns it on by default; a library user calls ``enable_compilation_cache()`` once, before the first call. JAX keys
 each entry by the program, the backend, the devices and the jax/jaxlib versions, so one directory serves every
 model and machine kind; nothing is evicted (delete the directory to clear it).

@@ -91,9 +91,9 @@ def split_layers(params, *, consume: bool = False):
     """``params`` with its ``"layers"`` entry (every weight stacked over a leading ``[layers]`` axis) as a tuple of
     per-layer trees, each weight in its own array: the layout a family's ``apply_fn`` decodes from when it supports
     it (``models.llama``). A loop over stacked weights makes XLA slice each layer's weights out of the stack on
-    every step, which XLA:CPU does by copying them (``scripts/xla_cpu_step.py``). Other trees are returned as they
-    are. ``consume``: the stacked device arrays are deleted as soon as they are split, one weight at a time, so a
-    loader that owns them never holds both layouts in device memory (the caller must not use them again)."""
+    every step, which XLA:CPU does by copying them (``scripts/studies/xla_cpu_step.py``). Other trees are returned
+    as they are. ``consume``: the stacked device arrays are deleted as soon as they are split, one weight at a time,
+    so a loader that owns them never holds both layouts in device memory (the caller must not use them again)."""
     layers = params.get("layers") if isinstance(params, dict) else None
     if layers is None or isinstance(layers, tuple):
         return params

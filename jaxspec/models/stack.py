@@ -198,8 +198,8 @@ class Builder:
     ) -> CausalLM:
         """A ``CausalLM`` over ``params`` (the tree ``init_params`` makes, or one already split) with this family's
         apply and cache functions. ``split_layers`` (default): hold each layer's weights in their own arrays
-        (``families.split_layers``), which decodes faster where XLA copies slices out of stacked weights (1.4× on
-        XLA:CPU for SmolLM2-135M; README) and compiles each layer once per program instead of once; False keeps the
+        (``families.split_layers``), which decodes faster where XLA copies slices out of stacked weights (XLA:CPU
+        does: docs/history/cpu-costs.md) and compiles each layer once per program instead of once; False keeps the
         stack (``nn.scan``: compile time independent of depth)."""
         params = families.split_layers(params) if split_layers else families.stack_layers(params)
         return CausalLM.from_config(

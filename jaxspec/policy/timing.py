@@ -67,10 +67,9 @@ def _timed_calls(call, iters: int, skip: int, budget_s: float) -> float:
     fewer timed calls (at least one) once they add up to ``budget_s``: a long call (a prefill) is timed once or
     twice, a short one ``iters`` times.
 
-    On the 2-core CPU a fresh executable's calls slow down twice: the first pays one-time costs (0.3 s and more for
-    SmolLM2), and the next few run up to 1.8x slower than later ones, settling over about ten calls of a 5 ms step
-    (the toy pair's step at 4 rows: 8.5, 7.8, 7.6, 6.2, ... 4.7 ms). Timing three calls after the first made the
-    1-token step look 1.7x slower than the 5-token one's share, so v(4) read 1.15-1.37 where it is 1.9.
+    A fresh executable's first call pays one-time costs and its next few run slower than later ones, settling over
+    about ten calls of a short step (docs/history/continuous.md); timed too early, a short step looks slower than
+    a long one's share and v reads low. Hence the skipped calls and the warm-up.
     """
     return _timed_in_turn({None: call}, iters, skip, budget_s)[None]
 
@@ -271,8 +270,8 @@ def extrapolate(points: dict, x: float) -> float:
 
 # A model of at least EXTRAPOLATE_FROM layers has its passes timed on two copies that keep its first LAYER_POINTS
 # layers (``families.first_layers``: the same weights, embedding and LM head) and ``extrapolate``d to its depth:
-# compiling 3 + 11 layers instead of 30 takes SmolLM2's two target programs from 5.4 s to 3.2 s on the 2-core CPU
-# (lowering included), at 1-5 % from the full passes' timings (v(2) 1.289 against 1.283; v(4) 1.65 against 1.58).
+# compiling 3 + 11 layers instead of all of them costs less (layers are held split, so compile time grows with depth),
+# at a few % from the full passes' timings (docs/history/gamma-auto.md).
 LAYER_POINTS = (3, 11)
 EXTRAPOLATE_FROM = 22
 DEPTH_ITERS = 9  # calls timed per copy (cheap ones): the slope between them is multiplied by the layers beyond

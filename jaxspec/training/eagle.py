@@ -217,7 +217,7 @@ def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: i
     only drafted tokens inside the output count. ``accept1`` / ``accept2``: the mean probability that a draft
     sampled at temperature 1 is accepted there, ``sum_v min(p_v, q_v)`` (p the target's softmax, q the head's at
     its ``temperature_scale``). Held-out measures for choosing a head without decoding (greedy α follows the
-    agreement, temperature-1 α the acceptance: docs/humaneval-history.md)."""
+    agreement, temperature-1 α the acceptance: docs/history/humaneval.md)."""
     total, accept = _measure(target, head, data, batch_size)
     return {
         "step1": total[0] / max(total[1], 1),
@@ -234,7 +234,7 @@ def tune_temperature_scale(
     """The ``temperature_scale`` among ``scales`` under which ``head``'s drafts at temperature 1 are accepted
     most on ``data``'s outputs (teacher-forced, as in ``agreement``; best: the most accepted drafts of a
     two-draft round, ``a1 + a1 * a2``), and ``{scale: (accept1, accept2)}`` for every scale. Records sampled from
-    the target at temperature 1 (``scripts/generate_distill_data.py --temperature 1``) match how the scale is used.
+    the target at temperature 1 (``scripts/data/generate_distill_data.py --temperature 1``) match how the scale is used.
     Set it with ``dataclasses.replace(head, temperature_scale=best)``; ``jaxspec.eagle.save`` keeps it."""
     try:
         scales = tuple(float(s) for s in scales)

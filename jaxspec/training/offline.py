@@ -2,7 +2,7 @@
 
 For a target that is slow to run (a real 135 M model on a CPU), generating fresh continuations every step, as
 ``jaxspec.distill`` does, costs far more than the training itself. Here the target's outputs are generated once
-(``scripts/generate_distill_data.py``: JSONL records ``{"prompt_ids": [...], "output_ids": [...]}``) and the draft
+(``scripts/data/generate_distill_data.py``: JSONL records ``{"prompt_ids": [...], "output_ids": [...]}``) and the draft
 is fitted to them by cross-entropy: weight 1 on every generated token (the target's own choice: at temperature 0
 exactly the token a greedy verify pass accepts) and ``prompt_weight`` on the prompt's tokens (the workload's text).
 
@@ -40,7 +40,7 @@ from jaxspec.training.losses import token_nll, weighted_mean
 
 def read_data(path) -> list[tuple[list[int], list[int]]]:
     """``(prompt_ids, output_ids)`` per line of a JSONL data file (``{"prompt_ids": [...], "output_ids": [...]}``
-    records, as ``scripts/generate_distill_data.py`` writes them; blank lines skipped). ``ValueError`` names the
+    records, as ``scripts/data/generate_distill_data.py`` writes them; blank lines skipped). ``ValueError`` names the
     first bad line; ``FileNotFoundError`` for a missing file."""
     path = Path(path)
     if not path.is_file():
@@ -78,7 +78,7 @@ _SPEC_KEYS = {
 
 def parse_spec(text: str) -> dict:
     """``"hidden=256,layers=2"`` (a ``--new-draft`` spec; keys: hidden, layers, heads, kv_heads, intermediate,
-    target_layers, vocab; or eagle with vocab, for ``distill_eagle.train_head``) -> keyword arguments of
+    target_layers, vocab; or eagle with vocab, for ``training.eagle.train_head``) -> keyword arguments of
     ``make_draft``. ``ValueError`` for an unknown key, a value that
     is not a positive int, or ``target_layers`` with anything but ``vocab``."""
     out = {}

@@ -4,12 +4,12 @@
 
 Only the file's metadata and tensor data are read: the header, metadata and tensor table by
 ``jaxspec.formats.gguf.reader`` (a reader of the format over a memory map of the file, giving what the ``gguf``
-package's ``GGUFReader`` gives, tested against it, 25-30× faster on large vocabularies); every tensor is dequantized by
-``gguf.quants.dequantize`` (every type that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K–Q6_K, IQ*, …) to
-float32 and cast to the requested dtype. A model split into shards (``<name>-00001-of-00003.gguf``, ...: llama.cpp's
-``gguf-split``) loads from any of its files. The metadata becomes a Hugging Face style config and the tensors get their
-Hugging Face names, so the model is built by the same family record (``jaxspec.models.families``) as
-``jaxspec.formats.hf.load``:
+package's ``GGUFReader`` gives, tested against it, and faster: it builds no object per vocabulary string); every tensor
+is dequantized by ``gguf.quants.dequantize`` (every type that package knows: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1,
+Q2_K–Q6_K, IQ*, …) to float32 and cast to the requested dtype. A model split into shards
+(``<name>-00001-of-00003.gguf``, ...: llama.cpp's ``gguf-split``) loads from any of its files. The metadata becomes a
+Hugging Face style config and the tensors get their Hugging Face names, so the model is built by the same family record
+(``jaxspec.models.families``) as ``jaxspec.formats.hf.load``:
 
 - ``llama`` (Llama, Mistral and SmolLM conversions): llama.cpp's converter permutes the rows of the q and k
   projections for its interleaved RoPE; they are permuted back.
