@@ -271,7 +271,7 @@ def humaneval_greedy(smollm2):
     [
         # measured 0.23 on these prompts (the previous shipped draft: about 0.1); chance is 1 / 49 152
         ("jaxspec/smollm2-draft", 0.15),
-        # measured 0.30 on HumanEval's first 20 problems at γ = 4, 64 tokens (README); chance is about 1 / 8192
+        # measured 0.30 on HumanEval's first 20 problems at γ = 4, 64 tokens (docs/history); chance is about 1 / 8192
         ("jaxspec/smollm2-eagle", 0.12),
     ],
 )
