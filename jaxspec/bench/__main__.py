@@ -12,56 +12,20 @@ import json
 import jax
 
 import jaxspec.bench
-from jaxspec.bench import single
+from jaxspec.bench import continuous, humaneval, lookup, mesh, shipped, single, sweep
+from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
 from jaxspec.bench.pairs import PAIRS
 
-
-def _mesh_mode(args):
-    from jaxspec.bench import mesh
-
-    return mesh.run(args)
-
-
-def _shipped_mode(args):
-    from jaxspec.bench import shipped
-
-    return shipped.run(args)
-
-
-def _sweep_mode(args):
-    from jaxspec.bench import sweep
-
-    return sweep.run(args)
-
-
-def _lookup_mode(args):
-    from jaxspec.bench import lookup
-
-    return lookup.run(args)
-
-
-def _humaneval_mode(args):
-    from jaxspec.bench import humaneval
-
-    return humaneval.run(args)
-
-
-def _continuous_mode(args):
-    from jaxspec.bench import continuous
-
-    return continuous.run(args)
-
-
 MODES = {
     "single": single.run,
-    "mesh": _mesh_mode,
-    "shipped": _shipped_mode,
-    "sweep": _sweep_mode,
-    "lookup": _lookup_mode,
-    "humaneval": _humaneval_mode,
-    "continuous": _continuous_mode,
+    "mesh": mesh.run,
+    "shipped": shipped.run,
+    "sweep": sweep.run,
+    "lookup": lookup.run,
+    "humaneval": humaneval.run,
+    "continuous": continuous.run,
 }
 
 # --quick: the same pipeline on tiny models, in well under a minute on a 2-core CPU (explicit flags still win).
@@ -275,8 +239,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.set_defaults(**CONTINUOUS_SMOLLM2)
         args = p.parse_args(argv)
     if args.mode == "continuous":
-        from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
-
         if args.pair not in CONTINUOUS_PAIRS:
             p.error(f"--continuous: --pair must be one of {','.join(CONTINUOUS_PAIRS)}, got {args.pair}")
         bad = set(args.continuous_modes or ()) - set(CONTINUOUS_MODES)

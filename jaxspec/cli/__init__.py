@@ -23,6 +23,7 @@ import argparse
 import importlib
 import sys
 
+import jaxspec
 from jaxspec.cli import convert, generate
 from jaxspec.cli.batch import row_seed
 from jaxspec.cli.common import CliError
@@ -60,8 +61,6 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The ``jaxspec`` parser; each subcommand's parsed arguments carry their ``handler(args) -> exit code``.
     ``bench``, ``distill`` and ``train`` appear for ``--help`` only (``main`` forwards them before parsing)."""
-    import jaxspec
-
     p = _Parser(
         prog="jaxspec",
         description="Exact speculative decoding for JAX/Flax language models.",

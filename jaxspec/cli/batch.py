@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+import jaxspec
 from jaxspec.cli.common import CliError, warn
 from jaxspec.cli.models import check_models, gen_kwargs, is_none, load_models
 from jaxspec.cli.records import make_record, plot_acceptance, summary_table
@@ -154,8 +155,6 @@ def _engine_error(err: ValueError, batch: list[Row]) -> CliError:
 
 def _run_batches(args, pending: list[Row], target, draft, appender: jsonl.Appender, done: dict) -> None:
     from tqdm import tqdm
-
-    import jaxspec
 
     requests = [dict(prompt=r.prompt, seed=row_seed(args.seed, r.id)) for r in pending]
     kw = gen_kwargs(args, draft)

@@ -6,7 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
+import jaxspec
 from jaxspec.cli.common import CliError
+from jaxspec.formats import hub, named, paths
 
 
 def add_parsers(sub) -> None:
@@ -37,15 +39,11 @@ def add_parsers(sub) -> None:
 def cmd_convert(args: argparse.Namespace) -> int:
     """Load ``args.src`` (a named model, a model directory or a GGUF file) and write it to the new or empty
     directory ``args.dst`` as ``args.to`` (``jaxspec`` or ``hf``); returns the exit code."""
-    import jaxspec
-    from jaxspec.formats import hub, named
-    from jaxspec.formats.paths import SHIPPED_PREFIX, resolve
-
-    if named.names_model(args.src) or (hub.is_repo_id(args.src) and not args.src.startswith(SHIPPED_PREFIX)):
+    if named.names_model(args.src) or (hub.is_repo_id(args.src) and not args.src.startswith(paths.SHIPPED_PREFIX)):
         src = args.src  # a named model (GGUF) or a Hugging Face Hub id, resolved by jaxspec.load
     else:
         try:
-            src = resolve(args.src)
+            src = paths.resolve(args.src)
         except FileNotFoundError as err:
             raise CliError(f"SRC: {err}") from None
         if not src.exists():

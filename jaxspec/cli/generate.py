@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import jaxspec
 from jaxspec.cli import batch
 from jaxspec.cli.common import CliError
 from jaxspec.cli.models import (
@@ -16,6 +17,7 @@ from jaxspec.cli.models import (
     gen_kwargs,
     load_models,
 )
+from jaxspec.loop import compile_cache
 
 GENERATE_HELP = """\
 Generate with the target model, speculatively when a draft is given (the output has the target's distribution).
@@ -210,8 +212,6 @@ def speedup_line(stats) -> str:
 
 def one_prompt(args: argparse.Namespace) -> int:
     """Stream one prompt's completion to stdout, stats to stderr; returns the exit code."""
-    import jaxspec
-
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt:
         raise CliError("prompt: the prompt is empty")
@@ -264,12 +264,10 @@ def one_prompt(args: argparse.Namespace) -> int:
 def compilation_cache(value: str | None):
     """``--compilation-cache``: turn JAX's persistent compilation cache on (``enable_compilation_cache``) unless
     ``value`` (or, without it, ``$JAXSPEC_COMPILATION_CACHE``) says off; returns its directory or None."""
-    from jaxspec.loop.compile_cache import enable_compilation_cache, is_off
-
-    if value is not None and is_off(value):
+    if value is not None and compile_cache.is_off(value):
         return None
     try:
-        return enable_compilation_cache(value)
+        return compile_cache.enable_compilation_cache(value)
     except ValueError as err:
         raise CliError(f"--compilation-cache: {err}") from None
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+import jaxspec
 from jaxspec.cli.common import CliError
+from jaxspec.drafters import eagle
+from jaxspec.formats import hub, named, paths
 
 # a named model: SmolLM2-135M-Instruct (GGUF, fetched once; jaxspec.formats.named)
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -17,8 +20,6 @@ DEFAULT_DRAFT = "prompt_lookup"
 def default_draft(target: str) -> str:
     """The ``--draft`` of a command line that names none: ``target``'s shipped drafter when it is a named model
     that has one (``jaxspec.formats.named``), else ``DEFAULT_DRAFT``."""
-    from jaxspec.formats import named
-
     own = named.MODELS[target].drafter if named.names_model(target) else ""
     return own or DEFAULT_DRAFT
 
@@ -32,13 +33,10 @@ def check_model_arg(value: str, flag: str) -> None:
     """Raise ``CliError`` (naming ``flag``) unless ``value`` is a named model, a model directory, a GGUF file, a
     shipped model name or a Hugging Face Hub id. Named models and Hub ids pass unchecked: they are installed,
     cached or fetched when loaded."""
-    from jaxspec.formats import hub, named
-    from jaxspec.formats.paths import SHIPPED_PREFIX, resolve
-
-    if named.names_model(value) or (hub.is_repo_id(value) and not value.startswith(SHIPPED_PREFIX)):
+    if named.names_model(value) or (hub.is_repo_id(value) and not value.startswith(paths.SHIPPED_PREFIX)):
         return  # a failed fetch says what to run
     try:
-        path = resolve(value)
+        path = paths.resolve(value)
     except FileNotFoundError as err:
         raise CliError(f"{flag}: {err}") from None
     if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
@@ -61,7 +59,6 @@ def load_models(args: argparse.Namespace):
     """(target ``CausalLM``, draft) from ``args``; the draft is a ``CausalLM``, an EAGLE head
     (``jaxspec.eagle.EagleDrafter``), ``"prompt_lookup"`` or None (plain decoding). Resolves ``args.chat`` when
     unset: on when the target's tokenizer has a chat template."""
-    import jaxspec
 
     def load(value, flag):
         try:
@@ -87,10 +84,7 @@ def load_models(args: argparse.Namespace):
 
 def _load_draft(value: str, target, load):
     """A draft model, or an EAGLE head (``jaxspec.eagle``) made for ``target``."""
-    from jaxspec.drafters import eagle
-    from jaxspec.formats.paths import resolve
-
-    if eagle.is_head(resolve(value)):
+    if eagle.is_head(paths.resolve(value)):
         try:
             return eagle.load(value, target)
         except ValueError as err:
