@@ -184,3 +184,34 @@ def test_packages_import_only_the_layers_below_them():
 
 def test_the_package_root_holds_only_the_public_api():
     assert {p.name for p in PACKAGE.glob("*.py")} == ROOT_MODULES
+
+
+def function_level_imports(source: str) -> list[str]:
+    """Imports of jaxspec made inside a function or method of ``source`` (``line N: import ...``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Import) and any(a.name.split(".")[0] == "jaxspec" for a in inner.names):
+                found.append(f"line {inner.lineno}: {ast.unparse(inner)}")
+            elif isinstance(inner, ast.ImportFrom) and inner.module and inner.module.split(".")[0] == "jaxspec":
+                found.append(f"line {inner.lineno}: {ast.unparse(inner)}")
+    return sorted(set(found))
+
+
+def test_the_checker_finds_imports_inside_functions():  # negative control: the test below could fail
+    source = "import jaxspec\n\ndef f():\n    from jaxspec.loop import rounds\n    import numpy\n"
+    assert function_level_imports(source) == ["line 4: from jaxspec.loop import rounds"]
+    assert function_level_imports("from jaxspec import loop\n\ndef f():\n    return loop\n") == []
+
+
+def test_jaxspec_is_imported_at_module_level_only():
+    """An import inside a function hides a dependency from the layering check's reader and is the usual way to dodge
+    a circle; the forwarded subcommands (``jaxspec.cli.FORWARDED``) are the one on-use import, by module name."""
+    found = {
+        str(path.relative_to(PACKAGE)): uses
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (uses := function_level_imports(path.read_text()))
+    }
+    assert not found, f"jaxspec imported inside functions (import at the top of the module): {found}"
