@@ -25,10 +25,8 @@ DESCRIPTION = distill_lib.__doc__.split("\n")[0]
 """The command's one-line description (the first line of ``jaxspec.training.distill``'s docstring)."""
 
 
-def main(argv=None):
-    """Parse the ``jaxspec distill`` flags (``argv``; None: ``sys.argv``), load the models, train, print α and the
-    final loss, save the draft with ``--save-draft``. Returns the ``DistillResult`` online, the trained draft
-    offline (``--data``). Bad flags exit through ``argparse`` (status 2)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags (``main`` parses them; the docs' examples are checked against it)."""
     ap = argparse.ArgumentParser(prog="jaxspec distill", description=DESCRIPTION)
     ap.add_argument("--target", required=True, help="target model: a directory or a shipped name")
     ap.add_argument(
@@ -87,6 +85,14 @@ def main(argv=None):
     ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
     ap.add_argument("--save-draft", help="save the distilled draft here (jaxspec.save; must not exist)")
     ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def main(argv=None):
+    """Parse the ``jaxspec distill`` flags (``argv``; None: ``sys.argv``), load the models, train, print α and the
+    final loss, save the draft with ``--save-draft``. Returns the ``DistillResult`` online, the trained draft
+    offline (``--data``). Bad flags exit through ``argparse`` (status 2)."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     if (args.draft is None) == (args.new_draft is None):
         ap.error("give exactly one of --draft and --new-draft")

@@ -14,8 +14,8 @@ from pathlib import Path
 from jaxspec.training import pretrain
 
 
-def main(argv=None):
-    """``jaxspec train``: train (``--model``) or export (``--export``) a model of a run directory."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags (``main`` parses them; the docs' examples are checked against it)."""
     ap = argparse.ArgumentParser(prog="jaxspec train", description=pretrain.__doc__.split("\n")[0])
     ap.add_argument("--run", required=True, help="run directory (created; resumed if it has checkpoints)")
     ap.add_argument("--model", choices=sorted(pretrain.PAIR_CONFIGS), help="the model to train")
@@ -24,6 +24,12 @@ def main(argv=None):
     ap.add_argument("--bf16", action="store_true", help="with --export: store the weights in bfloat16")
     for field in dataclasses.fields(pretrain.TrainConfig):
         ap.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+    return ap
+
+
+def main(argv=None):
+    """``jaxspec train``: train (``--model``) or export (``--export``) a model of a run directory."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.export:
         pretrain.export(Path(args.run), args.export[0], Path(args.export[1]), args.bf16)
