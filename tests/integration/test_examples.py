@@ -1,0 +1,167 @@
+"""Every example in the README and the documentation site runs as written.
+
+Python blocks: each page's blocks run in order in one namespace (later blocks use what earlier ones defined), in a
+scratch working directory, on the real model the examples name (SmolLM2-135M-Instruct and its shipped head). A
+block may be followed by a ``text`` block introduced by ``<!-- prints -->``: what the block prints, compared line by
+line with every number masked (figures vary from machine to machine, the words and their order do not). A block that
+cannot run here says why on the line before it, ``<!-- not run: REASON -->``, and the test holds the list of such
+blocks: a new one fails until it is named below.
+
+Command lines: every ``jaxspec ...`` and ``python -m jaxspec.bench ...`` line of a ``bash`` block is parsed by the
+command's own parser (every flag and value checked as a run would check them); the main job itself runs, small, in
+test_shipped.py. ``docs/history/`` holds dated records, not instructions, and is not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+PAGES = sorted(
+    [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")],
+    key=lambda p: str(p),
+)
+PAGES = [p for p in PAGES if "history" not in p.relative_to(ROOT).parts]
+NOT_RUN = {  # (page, first line of the block): why it cannot run in the test suite
+    ("docs/guides/sharding.md", "import jax, jaxspec"): "several processes (tests/parallel/test_sharding.py runs it)",
+    ("docs/guides/extending.md", "# jaxspec/models/myfamily.py"): "a template (models/phi3.py is a complete family)",
+    ("docs/guides/extending.md", "@dataclasses.dataclass(frozen=True)"): "a template (RepeatLast, the next, runs)",
+}
+
+FENCE = re.compile(r"^```(\w*)\s*$")
+MARK = re.compile(r"^<!--\s*(prints|not run:\s*(?P<why>.+?))\s*-->$")
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    prints: str | None = None  # the text block introduced by <!-- prints --> right after it
+    not_run: str | None = None  # the reason given by <!-- not run: ... --> right before it
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced blocks of ``page`` with their marks."""
+    lines = page.read_text().splitlines()
+    out: list[Block] = []
+    mark, i = None, 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            if lines[i].strip():
+                mark = MARK.match(lines[i].strip())
+            i += 1
+            continue
+        start, body = i, []
+        i += 1
+        while i < len(lines) and not lines[i].startswith("```"):
+            body.append(lines[i])
+            i += 1
+        code = "\n".join(body) + "\n"
+        i += 1
+        if mark and mark.group(1) == "prints" and out and m.group(1) == "text":
+            out[-1].prints = code
+        else:
+            why = mark.group("why") if mark and mark.group("why") else None
+            out.append(Block(page, start + 1, m.group(1), code, not_run=why))
+        mark = None
+    return out
+
+
+def _masked(text: str) -> list[str]:
+    return [re.sub(r"\d+(\.\d+)?", "#", line).rstrip() for line in text.strip().splitlines()]
+
+
+def test_the_block_reader_and_the_output_check(tmp_path):  # negative control: the page tests could fail
+    page = tmp_path / "page.md"
+    page.write_text(
+        "x\n\n```python\nprint(1)\n```\n<!-- prints -->\n```text\n7\n```\n\n<!-- not run: needs a TPU -->\n"
+        "```python\nimport tpu\n```\n```bash\njaxspec generate x\n```\n"
+    )
+    found = blocks(page)
+    assert [(b.lang, b.line, b.prints, b.not_run) for b in found] == [
+        ("python", 3, "7\n", None),
+        ("python", 12, None, "needs a TPU"),
+        ("bash", 15, None, None),
+    ]
+    assert _masked("speculative, 128 tokens, α=0.612") == _masked("speculative, 64 tokens, α=0.5")
+    assert _masked("speculative, 128 tokens") != _masked("plain, 128 tokens")
+
+
+def _python_pages() -> list[Path]:
+    return [p for p in PAGES if any(b.lang == "python" for b in blocks(p))]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("page", _python_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_examples_run_as_written(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples that write files write them here
+    namespace: dict = {"__name__": "__example__"}
+    for block in [b for b in blocks(page) if b.lang == "python"]:
+        if block.not_run:
+            assert (str(block.page.relative_to(ROOT)), block.code.splitlines()[0]) in NOT_RUN, (
+                f"{block.name} is marked not run ({block.not_run}): name it in NOT_RUN with its reason"
+            )
+            continue
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block.code, block.name, "exec"), namespace)  # noqa: S102
+        if block.prints is not None:
+            assert _masked(out.getvalue()) == _masked(block.prints), (block.name, out.getvalue())
+
+
+def _commands(page: Path) -> list[tuple[str, list[str]]]:
+    """``(where, argv)`` of every jaxspec command line in the bash blocks of ``page`` (continuations joined)."""
+    found = []
+    for block in blocks(page):
+        if block.lang != "bash" or block.not_run:
+            continue
+        text = block.code.replace("\\\n", " ")
+        for n, line in enumerate(text.splitlines()):
+            line = line.split(" #")[0].strip()
+            for part in line.split("&&"):
+                argv = shlex.split(part.strip())
+                if argv[:1] == ["jaxspec"] or argv[:3] == ["python", "-m", "jaxspec.bench"]:
+                    found.append((f"{block.name}+{n}", argv))
+    return found
+
+
+COMMANDS = [c for p in PAGES for c in _commands(p)]
+
+
+def test_there_are_commands_to_check():
+    assert len(COMMANDS) >= 10, COMMANDS
+
+
+@pytest.mark.parametrize("where, argv", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_command_lines_parse(where, argv):
+    from jaxspec import cli
+    from jaxspec.bench.__main__ import parse_args as bench_args
+    from jaxspec.cli import distill, train
+
+    if argv[0] == "python":  # python -m jaxspec.bench ...
+        bench_args(argv[3:])
+        return
+    command, rest = argv[1] if len(argv) > 1 else "", argv[2:]
+    if command == "bench":
+        bench_args(rest)
+    elif command == "distill":
+        distill.build_parser().parse_args(rest)
+    elif command == "train":
+        train.build_parser().parse_args(rest)
+    else:
+        cli.build_parser().parse_args(argv[1:])
