@@ -18,6 +18,8 @@ import contextlib
 import io
 import re
 import shlex
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,12 +107,10 @@ def _python_pages() -> list[Path]:
     return [p for p in PAGES if any(b.lang == "python" for b in blocks(p))]
 
 
-@pytest.mark.real
-@pytest.mark.slow
-@pytest.mark.parametrize("page", _python_pages(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_python_examples_run_as_written(page, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # examples that write files write them here
-    namespace: dict = {"__name__": "__example__"}
+def _run_page(page: Path, monkeypatch) -> None:
+    module = types.ModuleType("__example__")  # a real module: dataclasses look their class's module up
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
     for block in [b for b in blocks(page) if b.lang == "python"]:
         if block.not_run:
             assert (str(block.page.relative_to(ROOT)), block.code.splitlines()[0]) in NOT_RUN, (
@@ -119,9 +119,22 @@ def test_python_examples_run_as_written(page, tmp_path, monkeypatch):
             continue
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(block.code, block.name, "exec"), namespace)  # noqa: S102
+            # dont_inherit: the block runs under its own future imports, not this file's
+            exec(compile(block.code, block.name, "exec", dont_inherit=True), namespace)  # noqa: S102
         if block.prints is not None:
             assert _masked(out.getvalue()) == _masked(block.prints), (block.name, out.getvalue())
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_python_examples_run_as_written(tmp_path, monkeypatch):
+    """Every page in one process, each in its own namespace and directory: pages that run the same model at the
+    same shapes share its compiled programs, as a user's session would."""
+    for page in _python_pages():
+        work = tmp_path / page.stem
+        work.mkdir()
+        monkeypatch.chdir(work)  # examples that write files write them here
+        _run_page(page, monkeypatch)
 
 
 def _commands(page: Path) -> list[tuple[str, list[str]]]:
