@@ -62,7 +62,9 @@ def parse_line(raw: bytes):
     except UnicodeDecodeError as err:
         raise ValueError(f"not UTF-8 ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"not valid JSON ({err.msg} at column {err.colno})") from None
+        # some of json's messages end in "at" ("Unterminated string starting at"): the column completes them
+        what = err.msg.removesuffix(" at")
+        raise ValueError(f"not valid JSON ({what} at column {err.colno})") from None
 
 
 def iter_jsonl(path) -> Iterator[tuple[int, Any]]:

@@ -1,0 +1,31 @@
+"""JSONL reading (jaxspec.formats.jsonl): the reasons given for bad lines and bad prompt rows."""
+
+import pytest
+
+from jaxspec.formats import jsonl
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b'{"prompt": "a\tb"}', "not valid JSON (Invalid control character at column 14)"),
+        (b'{"prompt": "ab', "not valid JSON (Unterminated string starting at column 12)"),
+        (b'{"prompt": "a\\qb"}', "not valid JSON (Invalid \\escape at column 14)"),
+        (b"{not json", "not valid JSON (Expecting property name enclosed in double quotes at column 2)"),
+        (b'{"prompt": "\xff"}', "not UTF-8 (invalid start byte at byte 12)"),
+    ],
+)
+def test_bad_line_reasons_read_once(raw, reason):
+    # json's own message may end in "at" ("... starting at"): the column completes it, never "at at"
+    with pytest.raises(ValueError) as err:
+        jsonl.parse_line(raw)
+    assert str(err.value) == reason
+    assert "at at" not in str(err.value)
+
+
+def test_bad_line_reason_in_the_batch_jobs_problems(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"id": 1, "prompt": "ok"}\n{"id": 2, "prompt": "a\tb"}\n')
+    rows, problems = jsonl.read_prompts(path)
+    assert [r.id for r in rows] == [1]
+    assert problems == [f"{path} line 2: not valid JSON (Invalid control character at column 23)"]
