@@ -213,8 +213,8 @@ def speedup_line(stats) -> str:
 def one_prompt(args: argparse.Namespace) -> int:
     """Stream one prompt's completion to stdout, stats to stderr; returns the exit code."""
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if not prompt:
-        raise CliError("prompt: the prompt is empty")
+    if not prompt.strip():  # jaxspec.stream refuses it too; here before any model is loaded
+        raise CliError(f"prompt: is {'only whitespace' if prompt else 'empty'}; give it some text")
     for flag in ("output", "plot"):
         if getattr(args, flag):
             raise CliError(f"--{flag} needs --input (batch mode)")

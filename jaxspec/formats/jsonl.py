@@ -120,9 +120,15 @@ class Row:
         return row_key(self.id)
 
 
+def _blank(text: str) -> str:
+    return "only whitespace" if text else "empty"
+
+
 def prompt_row(obj, line: int) -> Row:
     """The ``Row`` of one parsed line: ``{"id", "prompt", "category"?}``, or ``{"question_id", "turns",
-    "category"?}`` (a line with either of those two keys is in this form). Raises ``ValueError`` with the reason."""
+    "category"?}`` (a line with either of those two keys is in this form). Raises ``ValueError`` with the reason,
+    among them a prompt that is empty or only whitespace (``jaxspec.generate`` refuses those too; caught here, the
+    line is reported before any model is loaded)."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     category = obj.get("category")
@@ -131,13 +137,17 @@ def prompt_row(obj, line: int) -> Row:
         raise ValueError(f'"category" must be a string, got {category!r}')
     if "turns" in obj or "question_id" in obj:
         row_id, turns = obj.get("question_id"), obj.get("turns")
-        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
-            raise ValueError('"turns" must be a non-empty list whose first turn is a non-empty string')
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise ValueError('"turns" must be a non-empty list whose first turn is a string')
+        if not turns[0].strip():
+            raise ValueError(f'the first of "turns" is {_blank(turns[0])}')
         prompt, question, id_field = turns[0], True, "question_id"
     else:
         row_id, prompt, question, id_field = obj.get("id"), obj.get("prompt"), False, "id"
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError('needs "prompt" (a non-empty string), or "question_id" and "turns"')
+        if not isinstance(prompt, str):
+            raise ValueError('needs "prompt" (a string), or "question_id" and "turns"')
+        if not prompt.strip():
+            raise ValueError(f'"prompt" is {_blank(prompt)}')
     if not valid_id(row_id):
         raise ValueError(f'"{id_field}" must be an int or a non-empty string, got {row_id!r}')
     return Row(row_id, prompt, category, line, question)

@@ -123,6 +123,8 @@ def test_distill_missing_is_a_clear_error(monkeypatch, capsys):
         (["generate", "--input", "in.jsonl"], "--output"),
         (["generate", "x", "--draft", "none", "--compare"], "--compare"),
         (["generate", "x", "--target", "/nonexistent/model"], "--target"),
+        (["generate", " \n\t"], "prompt: is only whitespace"),
+        (["generate", ""], "prompt: is empty"),
         (["nonsense"], "nonsense"),
     ],
 )
@@ -266,6 +268,21 @@ def test_malformed_lines_fail_before_anything_runs(tmp_path, capsys, no_models):
     line = one_error_line(capsys.readouterr().err)
     assert "line 2" in line and "not valid JSON" in line and "2 more" in line
     assert out.read_bytes() == before
+
+
+def test_blank_prompts_are_bad_lines(tmp_path, capsys, no_models):
+    inp = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"id": 1, "prompt": "def"}, {"id": 2, "prompt": " \n "}, {"question_id": 3, "turns": ["\t", "x"]}],
+    )
+    assert cli.main(["generate", "--input", inp, "--output", str(tmp_path / "o.jsonl")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert 'line 2: "prompt" is only whitespace' in line and "1 more" in line
+    assert not (tmp_path / "o.jsonl").exists()
+    argv = ["generate", "--input", inp, "--output", str(tmp_path / "o.jsonl"), "--on-error", "skip"]
+    assert cli.main(argv) == 1  # skipped: the good line goes on to loading (no_models makes that the error)
+    err = capsys.readouterr().err
+    assert 'line 3: the first of "turns" is only whitespace' in err and "a model was loaded" in err
 
 
 def test_duplicate_ids_name_both_lines(tmp_path, capsys, no_models):

@@ -1,5 +1,7 @@
 """JSONL reading (jaxspec.formats.jsonl): the reasons given for bad lines and bad prompt rows."""
 
+import re
+
 import pytest
 
 from jaxspec.formats import jsonl
@@ -29,3 +31,19 @@ def test_bad_line_reason_in_the_batch_jobs_problems(tmp_path):
     rows, problems = jsonl.read_prompts(path)
     assert [r.id for r in rows] == [1]
     assert problems == [f"{path} line 2: not valid JSON (Invalid control character at column 23)"]
+
+
+@pytest.mark.parametrize(
+    "obj, reason",
+    [
+        ({"id": 1, "prompt": " \n\t"}, '"prompt" is only whitespace'),
+        ({"id": 1, "prompt": ""}, '"prompt" is empty'),
+        ({"id": 1, "prompt": 5}, 'needs "prompt" (a string)'),
+        ({"question_id": 1, "turns": ["  ", "second"]}, 'the first of "turns" is only whitespace'),
+        ({"question_id": 1, "turns": []}, '"turns" must be a non-empty list'),
+    ],
+)
+def test_blank_or_missing_prompts_are_bad_rows(obj, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        jsonl.prompt_row(obj, 1)
+    assert jsonl.prompt_row({"id": 1, "prompt": " x "}, 1).prompt == " x "  # text with spaces around is kept as is
