@@ -221,18 +221,33 @@ def read_output(path) -> Existing:
 class Appender:
     """A JSONL file opened for appending whole lines, locked against a second writer (``fcntl.flock``; no lock
     where ``fcntl`` does not exist). Each ``write`` is one record as one line, written completely and fsync'ed,
-    so a crash leaves at most one partial last line, which ``repair`` removes.
+    so a crash leaves at most one partial last line, which ``repair`` removes. A file this ``Appender`` created is
+    removed by ``close`` if nothing was written to it, so a job that fails before its first record (a model that
+    does not load, an interrupt while compiling) leaves no empty file behind; a file that existed is never removed.
 
     Attributes:
       path: the file (created if missing).
       fd: its descriptor, open until ``close``.
+      created: whether this ``Appender`` created the file.
 
     Raises ``LockedError`` when another process holds the lock.
     """
 
     def __init__(self, path):
         self.path = Path(path)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        while True:
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+                self.created = True
+                break
+            except FileExistsError:
+                pass
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+                self.created = False
+                break
+            except FileNotFoundError:  # removed in between: create it after all
+                pass
         try:
             import fcntl
 
@@ -264,5 +279,13 @@ class Appender:
         os.fsync(self.fd)
 
     def close(self) -> None:
-        """Close the file (releasing the lock)."""
-        os.close(self.fd)
+        """Close the file (releasing the lock); first remove it if this ``Appender`` created it and it is still
+        empty (and still the file at ``path``)."""
+        try:
+            mine = os.fstat(self.fd)
+            if self.created and mine.st_size == 0 and os.path.samestat(mine, os.stat(self.path)):
+                os.unlink(self.path)  # under the lock: a job that opened it meanwhile could not lock it
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self.fd)

@@ -283,6 +283,7 @@ def test_blank_prompts_are_bad_lines(tmp_path, capsys, no_models):
     assert cli.main(argv) == 1  # skipped: the good line goes on to loading (no_models makes that the error)
     err = capsys.readouterr().err
     assert 'line 3: the first of "turns" is only whitespace' in err and "a model was loaded" in err
+    assert not (tmp_path / "o.jsonl").exists()  # a failed start leaves no output file
 
 
 def test_duplicate_ids_name_both_lines(tmp_path, capsys, no_models):
@@ -307,6 +308,23 @@ def test_malformed_lines_skipped_with_warnings(pair, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "line 2" in err and "line 3" in err and "duplicate" in err
     assert [r["id"] for r in read_records(out)] == [1, 2]
+
+
+def test_failed_start_creates_no_output_file(tmp_path, capsys, monkeypatch):
+    def no_such_model(value, dtype=None):
+        raise OSError(f"{value} is not in the Hugging Face cache and could not be downloaded")
+
+    monkeypatch.setattr(jaxspec, "load", no_such_model)
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "def"}, {"id": 2, "prompt": "x"}])
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--input", inp, "--output", str(out), "--target", "no/such-model", "--draft", "none"]
+    assert cli.main(argv) == 2
+    assert "--target: cannot load 'no/such-model'" in one_error_line(capsys.readouterr().err)
+    assert not out.exists()  # not even an empty file
+    out.write_text('{"id": 1, "text": "kept"}\n')  # an existing file's records are never touched
+    before = out.read_bytes()
+    assert cli.main(argv) == 2
+    assert out.read_bytes() == before
 
 
 def test_missing_input_is_a_clear_error(tmp_path, capsys, no_models):

@@ -47,3 +47,22 @@ def test_blank_or_missing_prompts_are_bad_rows(obj, reason):
     with pytest.raises(ValueError, match=re.escape(reason)):
         jsonl.prompt_row(obj, 1)
     assert jsonl.prompt_row({"id": 1, "prompt": " x "}, 1).prompt == " x "  # text with spaces around is kept as is
+
+
+def test_appender_removes_only_an_empty_file_it_created(tmp_path):
+    new = tmp_path / "new.jsonl"
+    jsonl.Appender(new).close()  # created, nothing written: a failed start leaves no file
+    assert not new.exists()
+    appender = jsonl.Appender(new)
+    assert appender.created
+    appender.write({"id": 1})
+    appender.close()
+    assert new.read_text() == '{"id": 1}\n'
+    again = jsonl.Appender(new)  # an existing file is never removed, written to or not
+    assert not again.created
+    again.close()
+    assert new.read_text() == '{"id": 1}\n'
+    empty = tmp_path / "empty.jsonl"
+    empty.touch()
+    jsonl.Appender(empty).close()
+    assert empty.exists()
