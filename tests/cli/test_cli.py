@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -16,6 +17,7 @@ from helpers import FIXTURES_DIR, ROOT, tiny_config, tiny_hf_tokenizer
 
 import jaxspec
 from jaxspec import cli
+from jaxspec.cli.generate import speedup_line
 from jaxspec.models import llama
 
 FIXTURES = FIXTURES_DIR / "hf"
@@ -181,8 +183,27 @@ def test_single_prompt_streams_the_generated_text(pair, monkeypatch, capsys):
     assert "".join(pieces) == want and want
     assert len([p for p in pieces if p]) >= 2  # written as rounds finished, not once at the end
     err = capsys.readouterr().err
-    for needle in ("α = ", "τ = ", "target passes", "tokens/s", "est. speed-up ≤ τ", "not measured"):
+    for needle in ("α = ", "τ = ", "target passes", "tokens/s", "speed-up: not measured (--compare measures it"):
         assert needle in err, err
+    assert "≤" not in err and "est." not in err  # τ is no estimate of the speed-up: no bound is offered as one
+
+
+def test_speedup_line_offers_no_bound_as_an_estimate():
+    spec = SimpleNamespace(mode="speculative", tokens_per_round=2.46, policy=None)
+    assert speedup_line(spec).startswith("speed-up: not measured") and "2.46" not in speedup_line(spec)
+    auto = SimpleNamespace(mode="speculative", tokens_per_round=2.0, policy={"gamma": 2, "c": 0.25, "v": {"2": 1.0}})
+    assert speedup_line(auto).startswith("est. speed-up ≈ τ/(γc+v) = 2.00/(2·0.250+1.00) = 1.33×")
+    plain = SimpleNamespace(mode="plain", tokens_per_round=1.0, policy=None)
+    assert speedup_line(plain) == "speed-up: none, plain decoding"
+
+
+def test_single_prompt_compare_prints_the_measured_speedup(pair, capsys):
+    assert cli.main(["generate", "def f(x):", "--compare", *models(pair)]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "speed-up" in line]
+    assert len(lines) == 1 and lines[0].startswith("measured speed-up: "), err
+    assert float(lines[0].split()[2].rstrip("×")) > 0
+    assert "≤" not in err and "est." not in err
 
 
 # --------------------------------------------------------------------------------------------- batch
