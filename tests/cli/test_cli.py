@@ -1,8 +1,10 @@
 """The ``jaxspec`` command line: streaming, the resumable batch job (kill and rerun), input/output errors,
 the summary and plot, conversion, forwarding and help."""
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -197,9 +199,32 @@ def test_speedup_line_offers_no_bound_as_an_estimate():
     assert speedup_line(plain) == "speed-up: none, plain decoding"
 
 
+class Terminal(io.StringIO):
+    """A stand-in stderr that is a terminal."""
+
+    def isatty(self):
+        return True
+
+
+def stages(err: str) -> list[str]:
+    """The stages progress names on stderr, in order: each ``jaxspec: STAGE: ...`` line, and each pass's bar once
+    (a bar is redrawn in place, ``\\r``-separated)."""
+    found: list[str] = []
+    for part in re.split(r"[\r\n]", err):
+        line = re.match(r"jaxspec: (loading|compiling|plain pass|speculative pass): ", part)
+        bar = re.match(r"(plain pass|speculative pass): +\d+%", part)
+        if line:
+            found.append(line.group(1))
+        elif bar and found[-1:] != [bar.group(1)]:
+            found.append(bar.group(1))
+    return found
+
+
 def test_single_prompt_compare_prints_the_measured_speedup(pair, capsys):
-    assert cli.main(["generate", "def f(x):", "--compare", *models(pair)]) == 0
+    assert cli.main(["generate", "def f(x):", "--compare", *models(pair), "--progress"]) == 0
     err = capsys.readouterr().err
+    # the streamed text follows "compiling"; --compare then runs the prompt again, not streamed, both ways
+    assert stages(err) == ["loading", "loading", "compiling", "speculative pass", "plain pass"], err
     lines = [line for line in err.splitlines() if "speed-up" in line]
     assert len(lines) == 1 and lines[0].startswith("measured speed-up: "), err
     assert float(lines[0].split()[2].rstrip("×")) > 0
@@ -276,6 +301,47 @@ def test_compare_measures_speedup_and_plot_writes_png(pair, tmp_path, capsys):
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert rows["total"][6].endswith("×") and float(rows["total"][6][:-1]) > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_progress_names_every_stage_in_order(tmp_path, capsys):
+    """The shipped toy pair, --compare: loading both models, then each pass's compiling line and its bar, on stderr
+    (stdout keeps the summary only); quiet by default where stderr is no terminal (here: captured)."""
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": prompt(i)} for i in range(2)])
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--input", inp, "--output", str(out), "--target", "jaxspec/code-target"]
+    argv += ["--draft", "jaxspec/code-draft", "--max-new-tokens", "4", "--batch-size", "1", "--compare"]
+    assert cli.main([*argv, "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert stages(captured.err) == ["loading", "loading", "compiling", "plain pass", "compiling", "speculative pass"]
+    assert "jaxspec: loading: target jaxspec/code-target\n" in captured.err
+    assert "no record is written before the speculative pass" in captured.err
+    assert "2/2" in captured.err.split("speculative pass: ")[-1]  # the bar ends with every row
+    assert "jaxspec:" not in captured.out and "pass" not in captured.out
+    out.unlink()
+    assert cli.main(argv) == 0  # neither flag: stderr is no terminal, so no progress
+    assert stages(capsys.readouterr().err) == []
+
+
+def test_interrupted_plain_pass_says_no_record_was_written(pair, tmp_path, capsys, monkeypatch):
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "def"}])
+    out = tmp_path / "out.jsonl"
+    real = jaxspec.Engine
+
+    class Interrupted(real):  # Ctrl-C while the plain pass decodes
+        def run(self, requests):
+            run = super().run(requests)
+
+            def rows():
+                raise KeyboardInterrupt
+                yield from run
+
+            return rows()
+
+    monkeypatch.setattr(jaxspec, "Engine", Interrupted)
+    assert cli.main(["generate", "--input", inp, "--output", str(out), "--compare", *models(pair)]) == 130
+    line = one_error_line(capsys.readouterr().err)
+    assert "interrupted during the plain pass of --compare, before any record was written" in line
+    assert not out.exists()
 
 
 def test_malformed_lines_fail_before_anything_runs(tmp_path, capsys, no_models):
@@ -485,14 +551,18 @@ def test_killed_job_resumes_with_every_id_exactly_once(pair, tmp_path):
 # --------------------------------------------------------------------------------------------- convert
 
 
-def test_convert_round_trip_keeps_the_logits(tmp_path, capsys):
+def test_convert_round_trip_keeps_the_logits(tmp_path, capsys, monkeypatch):
     src = FIXTURES / "llama_gqa"
     ids = np.arange(24).reshape(1, 24) % 32
     ref = np.asarray(jaxspec.load(src).logits(ids))
     assert cli.main(["convert", str(src), str(tmp_path / "js")]) == 0
     assert (tmp_path / "js" / "jaxspec.json").is_file()
     np.testing.assert_array_equal(np.asarray(jaxspec.load(tmp_path / "js").logits(ids)), ref)
+    assert stages(capsys.readouterr().err) == []  # stderr is no terminal: no progress
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     assert cli.main(["export-hf", str(tmp_path / "js"), str(tmp_path / "hf")]) == 0
+    assert terminal.getvalue() == f"jaxspec: loading: {tmp_path / 'js'}\njaxspec: writing: {tmp_path / 'hf'} (hf)\n"
     assert (tmp_path / "hf" / "config.json").is_file()
     np.testing.assert_array_equal(np.asarray(jaxspec.load(tmp_path / "hf").logits(ids)), ref)
     assert "wrote" in capsys.readouterr().out
