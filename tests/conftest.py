@@ -86,6 +86,16 @@ def pytest_terminal_summary(terminalreporter):
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config, items):
+    # pyproject's filterwarnings (third-party noise judged harmless there, each with its reason) also as a mark on
+    # every test: pytest gives `-W` options precedence over the ini's filters but marks precedence over `-W`, so a
+    # `pytest -W default` run, which shows every other warning, still leaves those out
+    marks = [pytest.mark.filterwarnings(entry) for entry in config.getini("filterwarnings")]
+    for item in items:
+        for mark in marks:
+            item.add_marker(mark)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _bounded_memory_maps():
     """After each module, what every Program does before it compiles: under memory-map pressure, release compiled

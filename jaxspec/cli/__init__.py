@@ -13,8 +13,9 @@ whenever it can be known then), 1 a failure at run time. Errors are one line, ``
 
 One module per subcommand: ``generate`` (flags, one streamed prompt) with ``batch`` (the resumable ``--input``
 job) and ``records`` (its records, summary table and plot), ``convert``, ``distill``, ``train``; ``models`` loads
-the models named by the flags and ``common`` holds ``CliError``. The JSONL reading and appending is
-``jaxspec.formats.jsonl``. ``bench``, ``distill`` and ``train`` parse their own flags (``main`` forwards them).
+the models named by the flags, ``progress`` names the long stages on stderr and ``common`` holds ``CliError``. The
+JSONL reading and appending is ``jaxspec.formats.jsonl``. ``bench``, ``distill`` and ``train`` parse their own
+flags (``main`` forwards them).
 """
 
 from __future__ import annotations

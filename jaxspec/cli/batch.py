@@ -17,6 +17,7 @@ from pathlib import Path
 import jaxspec
 from jaxspec.cli.common import CliError, warn
 from jaxspec.cli.models import check_models, gen_kwargs, is_none, load_models
+from jaxspec.cli.progress import Progress
 from jaxspec.cli.records import make_record, plot_acceptance, summary_table
 from jaxspec.formats import jsonl
 from jaxspec.formats.jsonl import Row
@@ -101,8 +102,10 @@ def _repair(appender: jsonl.Appender, existing: jsonl.Existing) -> None:
         )
 
 
-def run(args: argparse.Namespace) -> int:
-    """The batch job (``args.input`` is set); returns the exit code."""
+def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
+    """The batch job (``args.input`` is set); ``progress`` names its stages on stderr (loading, compiling, the
+    plain pass of ``--compare``, the speculative pass) and shows a bar per pass. Returns the exit code."""
+    progress = progress or Progress(False)
     if args.prompt is not None:
         raise CliError("give either a prompt or --input, not both")
     if not args.output:
@@ -128,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
         check_models(args)
         appender = _open(out)
         try:
-            target, draft = load_models(args)
+            target, draft = load_models(args, progress)
             _repair(appender, existing)
-            _run_batches(args, pending, target, draft, appender, done)
+            _run_batches(args, pending, target, draft, appender, done, progress)
         finally:
             appender.close()
     elif existing.partial_bytes:
@@ -153,30 +156,43 @@ def _engine_error(err: ValueError, batch: list[Row]) -> CliError:
     return CliError(f"generating{where}: {err}")
 
 
-def _run_batches(args, pending: list[Row], target, draft, appender: jsonl.Appender, done: dict) -> None:
-    from tqdm import tqdm
-
+def _run_batches(args, pending: list[Row], target, draft, appender: jsonl.Appender, done: dict, progress) -> None:
+    """Generate ``pending`` (with ``--compare`` a plain pass first, whose times go in the records) and append each
+    record as its row finishes. Each pass compiles inside its first program calls, before any of its rows
+    finishes: its "compiling" line says so and its bar keeps time meanwhile."""
     requests = [dict(prompt=r.prompt, seed=row_seed(args.seed, r.id)) for r in pending]
     kw = gen_kwargs(args, draft)
     chat = kw.pop("chat")
     plain = {}
     if args.compare:  # plain decoding first, same engine settings: its per-row time and tokens go in the records
-        engine = jaxspec.Engine(target, slots=args.batch_size, chat=chat, **gen_kwargs(args, None, chat=False))
+        progress.stage(
+            "compiling", "the plain pass (--compare's baseline; no record is written before the speculative pass)"
+        )
         try:
-            for r in engine.run(requests):
-                plain[r.index] = (r.wall_time_s, r.stats.generated_tokens)
-        except ValueError as err:
-            raise _engine_error(err, pending) from None
+            engine = jaxspec.Engine(target, slots=args.batch_size, chat=chat, **gen_kwargs(args, None, chat=False))
+            try:
+                run = engine.run(requests)
+            except ValueError as err:
+                raise _engine_error(err, pending) from None
+            with progress.bar("plain pass", len(pending)) as bar:
+                for r in run:
+                    plain[r.index] = (r.wall_time_s, r.stats.generated_tokens)
+                    bar.update(1)
+        except KeyboardInterrupt:
+            raise CliError(
+                "interrupted during the plain pass of --compare, before any record was written (records are "
+                "written during the speculative pass that follows it); rerun to start again",
+                code=130,
+            ) from None
+    name = "plain pass" if draft is None else "speculative pass"
+    progress.stage("compiling", f"the {name} (each record is appended to {appender.path} as its row finishes)")
     engine = jaxspec.Engine(target, draft=draft, slots=args.batch_size, chat=chat, **kw)
     try:
         run = engine.run(requests)
     except ValueError as err:
         raise _engine_error(err, pending) from None
-    bar = tqdm(
-        total=len(pending), unit="row", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True, desc="generate"
-    )
     tokens = accepted = drafted = 0
-    try:
+    with progress.bar(name, len(pending)) as bar:
         for result in run:
             row = pending[result.index]
             if result.error:
@@ -193,5 +209,3 @@ def _run_batches(args, pending: list[Row], target, draft, appender: jsonl.Append
                 post["α"] = f"{accepted / drafted:.3f}"
             bar.set_postfix(post, refresh=False)
             bar.update(1)
-    finally:
-        bar.close()

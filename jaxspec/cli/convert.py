@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jaxspec
 from jaxspec.cli.common import CliError
+from jaxspec.cli.progress import Progress
 from jaxspec.formats import hub, named, paths
 
 
@@ -57,10 +58,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
         parent = next((p for p in dst.absolute().parents if p.exists()), None)
         if parent is None or not os.access(parent, os.W_OK | os.X_OK):
             raise CliError(f"DST: cannot create {dst} ({parent} is not writable)")
+    progress = Progress()  # the stages of a large model take a while: named on a terminal
+    progress.stage("loading", str(args.src))
     try:
         model = jaxspec.load(src, args.dtype)
     except (OSError, ValueError) as err:  # not found, gated (PermissionError), unsupported
         raise CliError(f"SRC: cannot load {args.src}: {err}") from None
+    progress.stage("writing", f"{dst} ({args.to})")
     if args.to == "hf":
         written = jaxspec.export_hf(model, dst)
     else:

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from jaxspec.cli.progress import Progress
 from jaxspec.drafters import eagle
 from jaxspec.formats.loader import load
 from jaxspec.formats.orbax import save
@@ -100,6 +101,8 @@ def main(argv=None):
         ap.error("--temperature-scale auto chooses the scale on --heldout-data: give it")
     if (args.prompts is None) == (args.data is None):
         ap.error("give exactly one of --prompts (generate while training) and --data (offline)")
+    progress = Progress(False if args.no_progress else None)
+    progress.stage("loading", f"target {args.target}")
     target = load(args.target, args.dtype)
     if args.new_draft:
         try:
@@ -112,6 +115,7 @@ def main(argv=None):
             return _run_eagle(args, target, spec)
         draft = make_draft(target, read_data(args.data) if args.data else None, seed=args.seed, **spec)
     else:
+        progress.stage("loading", f"draft {args.draft}")
         if eagle.is_head(resolve(args.draft)):  # go on training a head, e.g. on the user's own workload
             if not args.data:
                 ap.error("--draft: an EAGLE head trains offline: give --data")

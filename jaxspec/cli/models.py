@@ -7,6 +7,7 @@ import argparse
 
 import jaxspec
 from jaxspec.cli.common import CliError
+from jaxspec.cli.progress import Progress
 from jaxspec.drafters import eagle
 from jaxspec.formats import hub, named, paths
 
@@ -55,10 +56,12 @@ def check_models(args: argparse.Namespace) -> None:
         check_model_arg(args.draft, "--draft")
 
 
-def load_models(args: argparse.Namespace):
+def load_models(args: argparse.Namespace, progress: Progress | None = None):
     """(target ``CausalLM``, draft) from ``args``; the draft is a ``CausalLM``, an EAGLE head
     (``jaxspec.eagle.EagleDrafter``), ``"prompt_lookup"`` or None (plain decoding). Resolves ``args.chat`` when
-    unset: on when the target's tokenizer has a chat template."""
+    unset: on when the target's tokenizer has a chat template. ``progress`` says "loading" for each model loaded
+    (a named model's first use fetches it too, which takes a while)."""
+    progress = progress or Progress(False)
 
     def load(value, flag):
         try:
@@ -66,12 +69,14 @@ def load_models(args: argparse.Namespace):
         except (OSError, ValueError) as err:  # not found, gated (PermissionError), unsupported
             raise CliError(f"{flag}: cannot load {value!r}: {err}") from None
 
+    progress.stage("loading", f"target {args.target}")
     target = load(args.target, "--target")
     if is_none(args.draft):
         draft = None
     elif args.draft == "prompt_lookup":
         draft = "prompt_lookup"
     else:
+        progress.stage("loading", f"draft {args.draft}")
         draft = _load_draft(args.draft, target, load)
     if target.tokenizer is None:
         raise CliError(f"--target: {args.target!r} has no tokenizer; the command line works with text prompts")

@@ -62,7 +62,9 @@ def parse_line(raw: bytes):
     except UnicodeDecodeError as err:
         raise ValueError(f"not UTF-8 ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"not valid JSON ({err.msg} at column {err.colno})") from None
+        # some of json's messages end in "at" ("Unterminated string starting at"): the column completes them
+        what = err.msg.removesuffix(" at")
+        raise ValueError(f"not valid JSON ({what} at column {err.colno})") from None
 
 
 def iter_jsonl(path) -> Iterator[tuple[int, Any]]:
@@ -118,9 +120,15 @@ class Row:
         return row_key(self.id)
 
 
+def _blank(text: str) -> str:
+    return "only whitespace" if text else "empty"
+
+
 def prompt_row(obj, line: int) -> Row:
     """The ``Row`` of one parsed line: ``{"id", "prompt", "category"?}``, or ``{"question_id", "turns",
-    "category"?}`` (a line with either of those two keys is in this form). Raises ``ValueError`` with the reason."""
+    "category"?}`` (a line with either of those two keys is in this form). Raises ``ValueError`` with the reason,
+    among them a prompt that is empty or only whitespace (``jaxspec.generate`` refuses those too; caught here, the
+    line is reported before any model is loaded)."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     category = obj.get("category")
@@ -129,13 +137,17 @@ def prompt_row(obj, line: int) -> Row:
         raise ValueError(f'"category" must be a string, got {category!r}')
     if "turns" in obj or "question_id" in obj:
         row_id, turns = obj.get("question_id"), obj.get("turns")
-        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
-            raise ValueError('"turns" must be a non-empty list whose first turn is a non-empty string')
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise ValueError('"turns" must be a non-empty list whose first turn is a string')
+        if not turns[0].strip():
+            raise ValueError(f'the first of "turns" is {_blank(turns[0])}')
         prompt, question, id_field = turns[0], True, "question_id"
     else:
         row_id, prompt, question, id_field = obj.get("id"), obj.get("prompt"), False, "id"
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError('needs "prompt" (a non-empty string), or "question_id" and "turns"')
+        if not isinstance(prompt, str):
+            raise ValueError('needs "prompt" (a string), or "question_id" and "turns"')
+        if not prompt.strip():
+            raise ValueError(f'"prompt" is {_blank(prompt)}')
     if not valid_id(row_id):
         raise ValueError(f'"{id_field}" must be an int or a non-empty string, got {row_id!r}')
     return Row(row_id, prompt, category, line, question)
@@ -209,18 +221,33 @@ def read_output(path) -> Existing:
 class Appender:
     """A JSONL file opened for appending whole lines, locked against a second writer (``fcntl.flock``; no lock
     where ``fcntl`` does not exist). Each ``write`` is one record as one line, written completely and fsync'ed,
-    so a crash leaves at most one partial last line, which ``repair`` removes.
+    so a crash leaves at most one partial last line, which ``repair`` removes. A file this ``Appender`` created is
+    removed by ``close`` if nothing was written to it, so a job that fails before its first record (a model that
+    does not load, an interrupt while compiling) leaves no empty file behind; a file that existed is never removed.
 
     Attributes:
       path: the file (created if missing).
       fd: its descriptor, open until ``close``.
+      created: whether this ``Appender`` created the file.
 
     Raises ``LockedError`` when another process holds the lock.
     """
 
     def __init__(self, path):
         self.path = Path(path)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        while True:
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+                self.created = True
+                break
+            except FileExistsError:
+                pass
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+                self.created = False
+                break
+            except FileNotFoundError:  # removed in between: create it after all
+                pass
         try:
             import fcntl
 
@@ -252,5 +279,13 @@ class Appender:
         os.fsync(self.fd)
 
     def close(self) -> None:
-        """Close the file (releasing the lock)."""
-        os.close(self.fd)
+        """Close the file (releasing the lock); first remove it if this ``Appender`` created it and it is still
+        empty (and still the file at ``path``)."""
+        try:
+            mine = os.fstat(self.fd)
+            if self.created and mine.st_size == 0 and os.path.samestat(mine, os.stat(self.path)):
+                os.unlink(self.path)  # under the lock: a job that opened it meanwhile could not lock it
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self.fd)

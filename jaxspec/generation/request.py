@@ -155,7 +155,10 @@ def tokenize(model: CausalLM, prompts, chat: bool = False) -> list[list[int]]:
 
     ``prompts``: a string, one token-id list, a list of strings and/or token-id lists, or an int array ``[T]`` or
     ``[B, T]``. Strings need ``model.tokenizer``; with ``chat`` they are wrapped by ``apply_chat``. Ids are not
-    range-checked here (``make_request`` does). Raises ``ValueError`` naming the bad prompt.
+    range-checked here (``make_request`` does). Raises ``ValueError`` naming the bad prompt, among them a string
+    that is empty or only whitespace: it has nothing to continue (a tokenizer may still give it ids: a BOS, a chat
+    template's turn), so its output would be the model's unprompted babble. A token-id list is never refused for
+    what its ids decode to.
     """
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -173,6 +176,8 @@ def tokenize(model: CausalLM, prompts, chat: bool = False) -> list[list[int]]:
     out = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
+            if not p.strip():
+                raise ValueError(f"prompts[{i}] is {'only whitespace' if p else 'empty'} ({p!r}); give it some text")
             if model.tokenizer is None:
                 raise ValueError(f"prompts[{i}] is a string but {model.name} has no tokenizer; pass token ids")
             p = apply_chat(model, p, i) if chat else model.tokenizer.encode(p)

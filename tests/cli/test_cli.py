@@ -1,13 +1,16 @@
 """The ``jaxspec`` command line: streaming, the resumable batch job (kill and rerun), input/output errors,
 the summary and plot, conversion, forwarding and help."""
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -16,6 +19,7 @@ from helpers import FIXTURES_DIR, ROOT, tiny_config, tiny_hf_tokenizer
 
 import jaxspec
 from jaxspec import cli
+from jaxspec.cli.generate import speedup_line
 from jaxspec.models import llama
 
 FIXTURES = FIXTURES_DIR / "hf"
@@ -123,6 +127,8 @@ def test_distill_missing_is_a_clear_error(monkeypatch, capsys):
         (["generate", "--input", "in.jsonl"], "--output"),
         (["generate", "x", "--draft", "none", "--compare"], "--compare"),
         (["generate", "x", "--target", "/nonexistent/model"], "--target"),
+        (["generate", " \n\t"], "prompt: is only whitespace"),
+        (["generate", ""], "prompt: is empty"),
         (["nonsense"], "nonsense"),
     ],
 )
@@ -179,8 +185,50 @@ def test_single_prompt_streams_the_generated_text(pair, monkeypatch, capsys):
     assert "".join(pieces) == want and want
     assert len([p for p in pieces if p]) >= 2  # written as rounds finished, not once at the end
     err = capsys.readouterr().err
-    for needle in ("α = ", "τ = ", "target passes", "tokens/s", "est. speed-up ≤ τ", "not measured"):
+    for needle in ("α = ", "τ = ", "target passes", "tokens/s", "speed-up: not measured (--compare measures it"):
         assert needle in err, err
+    assert "≤" not in err and "est." not in err  # τ is no estimate of the speed-up: no bound is offered as one
+
+
+def test_speedup_line_offers_no_bound_as_an_estimate():
+    spec = SimpleNamespace(mode="speculative", tokens_per_round=2.46, policy=None)
+    assert speedup_line(spec).startswith("speed-up: not measured") and "2.46" not in speedup_line(spec)
+    auto = SimpleNamespace(mode="speculative", tokens_per_round=2.0, policy={"gamma": 2, "c": 0.25, "v": {"2": 1.0}})
+    assert speedup_line(auto).startswith("est. speed-up ≈ τ/(γc+v) = 2.00/(2·0.250+1.00) = 1.33×")
+    plain = SimpleNamespace(mode="plain", tokens_per_round=1.0, policy=None)
+    assert speedup_line(plain) == "speed-up: none, plain decoding"
+
+
+class Terminal(io.StringIO):
+    """A stand-in stderr that is a terminal."""
+
+    def isatty(self):
+        return True
+
+
+def stages(err: str) -> list[str]:
+    """The stages progress names on stderr, in order: each ``jaxspec: STAGE: ...`` line, and each pass's bar once
+    (a bar is redrawn in place, ``\\r``-separated)."""
+    found: list[str] = []
+    for part in re.split(r"[\r\n]", err):
+        line = re.match(r"jaxspec: (loading|compiling|plain pass|speculative pass): ", part)
+        bar = re.match(r"(plain pass|speculative pass): +\d+%", part)
+        if line:
+            found.append(line.group(1))
+        elif bar and found[-1:] != [bar.group(1)]:
+            found.append(bar.group(1))
+    return found
+
+
+def test_single_prompt_compare_prints_the_measured_speedup(pair, capsys):
+    assert cli.main(["generate", "def f(x):", "--compare", *models(pair), "--progress"]) == 0
+    err = capsys.readouterr().err
+    # the streamed text follows "compiling"; --compare then runs the prompt again, not streamed, both ways
+    assert stages(err) == ["loading", "loading", "compiling", "speculative pass", "plain pass"], err
+    lines = [line for line in err.splitlines() if "speed-up" in line]
+    assert len(lines) == 1 and lines[0].startswith("measured speed-up: "), err
+    assert float(lines[0].split()[2].rstrip("×")) > 0
+    assert "≤" not in err and "est." not in err
 
 
 # --------------------------------------------------------------------------------------------- batch
@@ -255,6 +303,47 @@ def test_compare_measures_speedup_and_plot_writes_png(pair, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_progress_names_every_stage_in_order(tmp_path, capsys):
+    """The shipped toy pair, --compare: loading both models, then each pass's compiling line and its bar, on stderr
+    (stdout keeps the summary only); quiet by default where stderr is no terminal (here: captured)."""
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": prompt(i)} for i in range(2)])
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--input", inp, "--output", str(out), "--target", "jaxspec/code-target"]
+    argv += ["--draft", "jaxspec/code-draft", "--max-new-tokens", "4", "--batch-size", "1", "--compare"]
+    assert cli.main([*argv, "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert stages(captured.err) == ["loading", "loading", "compiling", "plain pass", "compiling", "speculative pass"]
+    assert "jaxspec: loading: target jaxspec/code-target\n" in captured.err
+    assert "no record is written before the speculative pass" in captured.err
+    assert "2/2" in captured.err.split("speculative pass: ")[-1]  # the bar ends with every row
+    assert "jaxspec:" not in captured.out and "pass" not in captured.out
+    out.unlink()
+    assert cli.main(argv) == 0  # neither flag: stderr is no terminal, so no progress
+    assert stages(capsys.readouterr().err) == []
+
+
+def test_interrupted_plain_pass_says_no_record_was_written(pair, tmp_path, capsys, monkeypatch):
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "def"}])
+    out = tmp_path / "out.jsonl"
+    real = jaxspec.Engine
+
+    class Interrupted(real):  # Ctrl-C while the plain pass decodes
+        def run(self, requests):
+            run = super().run(requests)
+
+            def rows():
+                raise KeyboardInterrupt
+                yield from run
+
+            return rows()
+
+    monkeypatch.setattr(jaxspec, "Engine", Interrupted)
+    assert cli.main(["generate", "--input", inp, "--output", str(out), "--compare", *models(pair)]) == 130
+    line = one_error_line(capsys.readouterr().err)
+    assert "interrupted during the plain pass of --compare, before any record was written" in line
+    assert not out.exists()
+
+
 def test_malformed_lines_fail_before_anything_runs(tmp_path, capsys, no_models):
     inp = write_jsonl(
         tmp_path / "in.jsonl", [{"id": 1, "prompt": "def"}, "{not json", [1, 2], {"id": 4}, {"id": 5, "prompt": "x"}]
@@ -266,6 +355,22 @@ def test_malformed_lines_fail_before_anything_runs(tmp_path, capsys, no_models):
     line = one_error_line(capsys.readouterr().err)
     assert "line 2" in line and "not valid JSON" in line and "2 more" in line
     assert out.read_bytes() == before
+
+
+def test_blank_prompts_are_bad_lines(tmp_path, capsys, no_models):
+    inp = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"id": 1, "prompt": "def"}, {"id": 2, "prompt": " \n "}, {"question_id": 3, "turns": ["\t", "x"]}],
+    )
+    assert cli.main(["generate", "--input", inp, "--output", str(tmp_path / "o.jsonl")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert 'line 2: "prompt" is only whitespace' in line and "1 more" in line
+    assert not (tmp_path / "o.jsonl").exists()
+    argv = ["generate", "--input", inp, "--output", str(tmp_path / "o.jsonl"), "--on-error", "skip"]
+    assert cli.main(argv) == 1  # skipped: the good line goes on to loading (no_models makes that the error)
+    err = capsys.readouterr().err
+    assert 'line 3: the first of "turns" is only whitespace' in err and "a model was loaded" in err
+    assert not (tmp_path / "o.jsonl").exists()  # a failed start leaves no output file
 
 
 def test_duplicate_ids_name_both_lines(tmp_path, capsys, no_models):
@@ -290,6 +395,23 @@ def test_malformed_lines_skipped_with_warnings(pair, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "line 2" in err and "line 3" in err and "duplicate" in err
     assert [r["id"] for r in read_records(out)] == [1, 2]
+
+
+def test_failed_start_creates_no_output_file(tmp_path, capsys, monkeypatch):
+    def no_such_model(value, dtype=None):
+        raise OSError(f"{value} is not in the Hugging Face cache and could not be downloaded")
+
+    monkeypatch.setattr(jaxspec, "load", no_such_model)
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "def"}, {"id": 2, "prompt": "x"}])
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--input", inp, "--output", str(out), "--target", "no/such-model", "--draft", "none"]
+    assert cli.main(argv) == 2
+    assert "--target: cannot load 'no/such-model'" in one_error_line(capsys.readouterr().err)
+    assert not out.exists()  # not even an empty file
+    out.write_text('{"id": 1, "text": "kept"}\n')  # an existing file's records are never touched
+    before = out.read_bytes()
+    assert cli.main(argv) == 2
+    assert out.read_bytes() == before
 
 
 def test_missing_input_is_a_clear_error(tmp_path, capsys, no_models):
@@ -429,14 +551,18 @@ def test_killed_job_resumes_with_every_id_exactly_once(pair, tmp_path):
 # --------------------------------------------------------------------------------------------- convert
 
 
-def test_convert_round_trip_keeps_the_logits(tmp_path, capsys):
+def test_convert_round_trip_keeps_the_logits(tmp_path, capsys, monkeypatch):
     src = FIXTURES / "llama_gqa"
     ids = np.arange(24).reshape(1, 24) % 32
     ref = np.asarray(jaxspec.load(src).logits(ids))
     assert cli.main(["convert", str(src), str(tmp_path / "js")]) == 0
     assert (tmp_path / "js" / "jaxspec.json").is_file()
     np.testing.assert_array_equal(np.asarray(jaxspec.load(tmp_path / "js").logits(ids)), ref)
+    assert stages(capsys.readouterr().err) == []  # stderr is no terminal: no progress
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     assert cli.main(["export-hf", str(tmp_path / "js"), str(tmp_path / "hf")]) == 0
+    assert terminal.getvalue() == f"jaxspec: loading: {tmp_path / 'js'}\njaxspec: writing: {tmp_path / 'hf'} (hf)\n"
     assert (tmp_path / "hf" / "config.json").is_file()
     np.testing.assert_array_equal(np.asarray(jaxspec.load(tmp_path / "hf").logits(ids)), ref)
     assert "wrote" in capsys.readouterr().out

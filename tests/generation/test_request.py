@@ -3,8 +3,9 @@ values), the buckets and traced inputs, and the fixed-γ decision. Nothing here 
 
 import numpy as np
 import pytest
-from helpers import count_compiles
+from helpers import count_compiles, tiny_hf_tokenizer
 
+import jaxspec
 from jaxspec.generation import generate as gen
 from jaxspec.generation import inputs
 from jaxspec.generation.request import Request, is_int, is_real, make_request, per_row_ints, tokenize
@@ -25,6 +26,29 @@ def test_tokenize_prompt_forms(target):
     assert tokenize(target, [1, 2, 3]) == [[1, 2, 3]]
     assert tokenize(target, np.asarray([[1, 2], [3, 4]])) == [[1, 2], [3, 4]]
     assert tokenize(target, [[1], np.asarray([2, 3])]) == [[1], [2, 3]]
+
+
+def test_blank_text_prompts_are_refused_by_every_entry_point(target):
+    """An empty or whitespace-only string has nothing to continue (the tokenizer would still give it ids), so
+    tokenize refuses it, naming prompts[i], for generate, stream and Engine alike, before anything compiles; a
+    token-id list is never judged by what it decodes to."""
+    tok = tiny_hf_tokenizer()
+    tok.chat_template = "{% for m in messages %}user: {{ m['content'] }}\n{% endfor %}"
+    model = target.replace(tokenizer=tok, eos_token_id=None)
+    blank_ids = model.tokenizer.encode(" \n\t")  # the ids such a prompt would otherwise run with
+    assert blank_ids and tokenize(model, [blank_ids]) == [blank_ids]
+    with count_compiles() as counts:
+        for prompts, index, what in ([" \n\t"], 0, "only whitespace"), (["def f", ""], 1, "empty"):
+            for chat in (False, True):
+                with pytest.raises(ValueError, match=rf"prompts\[{index}\] is {what}"):
+                    tokenize(model, prompts, chat=chat)
+            with pytest.raises(ValueError, match=rf"prompts\[{index}\] is {what}"):
+                jaxspec.generate(model, prompts, max_new_tokens=2)
+            with pytest.raises(ValueError, match=rf"prompts\[{index}\] is {what}"):
+                jaxspec.stream(model, prompts, max_new_tokens=2)
+            with pytest.raises(ValueError, match=rf"prompts\[{index}\] is {what}"):
+                jaxspec.Engine(model, slots=2, max_new_tokens=2).run([dict(prompt=p) for p in prompts])
+    assert counts["compiles"] == 0
 
 
 def test_request_expands_per_row_values(target, small_draft):

@@ -35,7 +35,8 @@ def test_shared_tokenizer_round_trips_text(pair):
 
 def test_shipped_pair_generates_exactly_and_agrees(pair):
     target, draft = pair
-    prompts = [PROMPT, json.loads((shipped_dir() / "heldout_prompts.jsonl").open().readline())["prompt"]]
+    heldout = (shipped_dir() / "heldout_prompts.jsonl").read_text().splitlines()
+    prompts = [PROMPT, json.loads(heldout[0])["prompt"]]
     spec = jaxspec.generate(target, prompts, draft=draft, gamma=4, max_new_tokens=32, temperature=0.0)
     plain = jaxspec.generate(target, prompts, max_new_tokens=32, temperature=0.0)
     assert spec.tokens == plain.tokens and spec.texts == plain.texts

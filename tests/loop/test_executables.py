@@ -77,7 +77,8 @@ def test_a_compiled_program_holds_memory_maps_and_releasing_it_frees_them(target
     on other backends), and releasing it gives them back."""
 
     def maps():
-        return sum(1 for _ in open("/proc/self/maps", "rb"))
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
 
     def run():
         jaxspec.generate(target, [[1, 2, 3]], max_new_tokens=3, temperature=0.0)
