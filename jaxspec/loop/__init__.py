@@ -29,6 +29,7 @@ from jaxspec.loop.state import (
     LoopSpec,
     State,
     constrain_state,
+    default_chunk,
     state_shardings,
     zero_counters,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "clear_compiled",
     "compile_programs",
     "constrain_state",
+    "default_chunk",
     "generate_program",
     "prefill",
     "prefill_program",
