@@ -51,7 +51,6 @@ from jaxspec.bench.pairs import PAIRS
 from jaxspec.bench.sweep import batch_calls, paired_ratio, prompt_pool
 from jaxspec.core.model import CausalLM
 from jaxspec.generation import inputs as inputs_lib
-from jaxspec.loop import slots as slots_lib
 from jaxspec.parallel import sharding
 from jaxspec.policy import AutoGamma, measure_costs
 
@@ -152,7 +151,6 @@ def cold() -> None:
     what it would in a fresh process."""
     jax.clear_caches()
     loop.clear_compiled()
-    slots_lib.refill_program.clear()
 
 
 def static_calls(w: Workload, slots: int, warm_up: bool = False) -> list[list[int]]:
@@ -213,8 +211,8 @@ def continuous_pass(w: Workload, engine) -> Pass:
         accepted=s.accepted,
         row_rounds=s.row_rounds,
         rounds=s.rounds,
-        slot_rounds=s.rounds * s.slots,
-        queued_slot_rounds=s.queued_rounds * s.slots,
+        slot_rounds=s.slot_rounds,
+        queued_slot_rounds=s.queued_slot_rounds,
         queued_row_rounds=s.queued_row_rounds,
         refills=s.refills,
         syncs=s.syncs,
