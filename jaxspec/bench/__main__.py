@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import jax
 
@@ -17,6 +18,7 @@ from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
 from jaxspec.bench.pairs import PAIRS
+from jaxspec.loop import compile_cache
 
 MODES = {
     "single": single.run,
@@ -265,10 +267,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     """Parse the flags, set ``--devices`` simulated CPU devices, print the backend, run the mode, write ``--json``
-    if asked; returns the mode's JSON document."""
+    if asked; returns the mode's JSON document. The persistent compilation cache is off unless
+    ``$JAXSPEC_COMPILATION_CACHE`` names a directory, so that first calls measure compiles."""
     args = parse_args(argv)
     if args.devices:  # must happen before the backend starts; only the CPU backend reads it
         jax.config.update("jax_num_cpu_devices", args.devices)
+    if os.environ.get(compile_cache.ENV) is None:  # first calls measure compiles, not loads from disk
+        compile_cache.enable_compilation_cache(False)
+    else:
+        compile_cache.use_default()
     cache_dir = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # a dynamic config attribute
     print(
         f"jaxspec.bench: backend {jax.default_backend()}, device {jax.devices()[0]}, jax {jax.__version__}, "

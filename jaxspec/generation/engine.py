@@ -34,7 +34,7 @@ from jaxspec.generation.config import GenerationConfig
 from jaxspec.generation.generate import choose_gamma, mesh_key
 from jaxspec.generation.request import Request, is_int, make_request, resolve_chat, tokenize
 from jaxspec.generation.results import FINISH_REASONS, RowStats
-from jaxspec.loop import slots
+from jaxspec.loop import compile_cache, slots
 from jaxspec.parallel import sharding
 
 REQUEST_KEYS = ("prompt", "id", *GenerationConfig.PER_REQUEST)
@@ -204,6 +204,7 @@ class Engine:
         self.config = GenerationConfig.of(config, settings, "Engine")
         # every engine-level setting checked now (a one-token stand-in prompt), before anything compiles
         probe = make_request(target, [[0]], self.config)
+        compile_cache.use_default()  # the persistent compilation cache, unless this process chose otherwise
         self.mesh = probe.mesh
         data = sharding.axis_size(self.mesh, "data")
         self.slots = -(-slots // data) * data

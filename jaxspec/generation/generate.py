@@ -38,6 +38,7 @@ from jaxspec.generation.results import (
     Stats,
     StreamStep,
 )
+from jaxspec.loop import compile_cache
 from jaxspec.parallel import sharding
 
 __all__ = [
@@ -145,9 +146,11 @@ def prepare(target, prompts, config: GenerationConfig | None = None, **settings)
     """Stages 1-3 of ``generate`` (same arguments): check and tokenize, bucket and build the inputs, choose γ.
 
     Raises ``TypeError``/``ValueError`` on bad input before compiling anything; with ``gamma="auto"`` the γ
-    decision may compile and time candidate loops.
+    decision may compile and time candidate loops. Turns the persistent compilation cache on unless the process
+    chose otherwise (``jaxspec.loop.compile_cache.use_default``).
     """
     request = make_request(target, prompts, config, **settings)
+    compile_cache.use_default()  # the persistent compilation cache, unless this process chose otherwise
     shape = inputs_lib.buckets(request)
     g, decision, policy = choose_gamma(request, shape)
     return Prepared(
