@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import jax
 
@@ -17,6 +18,7 @@ from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
 from jaxspec.bench.pairs import PAIRS
+from jaxspec.loop import compile_cache
 
 MODES = {
     "single": single.run,
@@ -47,6 +49,8 @@ CONTINUOUS = dict(pair="shipped", temperatures=[0.0], repeats=2)
 CONTINUOUS_QUICK = dict(slots=[1, 4], pool=8)
 CONTINUOUS_SMOLLM2 = dict(slots=[1, 4, 16], pool=32, max_new_tokens=64)
 CONTINUOUS_PAIRS = ("shipped", "smollm2", *PAIRS)
+# --continuous --requests: the engine's sizing at 16 slots, 64 new tokens
+CONTINUOUS_SIZING = dict(slots=[16], max_new_tokens=64)
 
 
 def _floats(s: str) -> list[float]:
@@ -204,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="--continuous: the engine's order of waiting requests (default longest_first)",
     )
     c.add_argument(
+        "--requests",
+        type=lambda s: [int(x) for x in s.split(",")],
+        metavar="N[,N...]",
+        help="--continuous: the engine's sizing instead: N chat prompts (checkpoints/chat_prompts.jsonl, cycled) "
+        "through Engine(slots=largest --slots, default 16) against generate calls of min(N, slots) rows, "
+        "SmolLM2-135M-Instruct with its EAGLE head at its default γ, greedy, --max-new-tokens (default 64)",
+    )
+    c.add_argument(
         "--auto-gammas",
         type=lambda s: [int(x) for x in s.split(",")],
         help="--continuous: cont-auto's candidate γ (default the policy's 1,2,4,6; with --quick --gamma alone)",
@@ -224,9 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     """Parse ``argv`` (default ``sys.argv[1:]``). ``--quick`` swaps in the ``QUICK`` defaults and ``--continuous``
     the ``CONTINUOUS`` ones (with ``--quick`` also ``CONTINUOUS_QUICK``; with ``--pair smollm2``
-    ``CONTINUOUS_SMOLLM2``); explicit flags keep their values. ``--mesh`` selects the mesh mode. Exits with a usage
-    error (``SystemExit``) for ``--gamma`` below 1, an unknown ``--humaneval-modes`` or ``--continuous-modes``
-    entry, or a ``--pair`` that the mode does not take."""
+    ``CONTINUOUS_SMOLLM2``; with ``--requests`` ``CONTINUOUS_SIZING``); explicit flags keep their values.
+    ``--mesh`` selects the mesh mode. Exits with a usage error (``SystemExit``) for ``--gamma`` below 1, an unknown
+    ``--humaneval-modes`` or ``--continuous-modes`` entry, a ``--requests`` below 1, or a ``--pair`` that the mode
+    does not take."""
     p = build_parser()
     args = p.parse_args(argv)
     defaults = dict(CONTINUOUS) if args.mode == "continuous" else {}
@@ -238,6 +251,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.mode == "continuous" and args.pair == "smollm2":
         p.set_defaults(**CONTINUOUS_SMOLLM2)
         args = p.parse_args(argv)
+    if args.mode == "continuous" and args.requests:
+        p.set_defaults(**CONTINUOUS_SIZING)
+        args = p.parse_args(argv)
+        if min(args.requests) < 1:
+            p.error("--requests must be >= 1")
     if args.mode == "continuous":
         if args.pair not in CONTINUOUS_PAIRS:
             p.error(f"--continuous: --pair must be one of {','.join(CONTINUOUS_PAIRS)}, got {args.pair}")
@@ -265,10 +283,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     """Parse the flags, set ``--devices`` simulated CPU devices, print the backend, run the mode, write ``--json``
-    if asked; returns the mode's JSON document."""
+    if asked; returns the mode's JSON document. The persistent compilation cache is off unless
+    ``$JAXSPEC_COMPILATION_CACHE`` names a directory, so that first calls measure compiles."""
     args = parse_args(argv)
     if args.devices:  # must happen before the backend starts; only the CPU backend reads it
         jax.config.update("jax_num_cpu_devices", args.devices)
+    if os.environ.get(compile_cache.ENV) is None:  # first calls measure compiles, not loads from disk
+        compile_cache.enable_compilation_cache(False)
+    else:
+        compile_cache.use_default()
     cache_dir = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # a dynamic config attribute
     print(
         f"jaxspec.bench: backend {jax.default_backend()}, device {jax.devices()[0]}, jax {jax.__version__}, "

@@ -50,8 +50,10 @@ from jaxspec.bench import humaneval, shipped
 from jaxspec.bench.pairs import PAIRS
 from jaxspec.bench.sweep import batch_calls, paired_ratio, prompt_pool
 from jaxspec.core.model import CausalLM
+from jaxspec.formats.jsonl import read_jsonl
+from jaxspec.formats.paths import shipped_dir
 from jaxspec.generation import inputs as inputs_lib
-from jaxspec.loop import slots as slots_lib
+from jaxspec.generation.request import tokenize
 from jaxspec.parallel import sharding
 from jaxspec.policy import AutoGamma, measure_costs
 
@@ -152,7 +154,6 @@ def cold() -> None:
     what it would in a fresh process."""
     jax.clear_caches()
     loop.clear_compiled()
-    slots_lib.refill_program.clear()
 
 
 def static_calls(w: Workload, slots: int, warm_up: bool = False) -> list[list[int]]:
@@ -213,8 +214,8 @@ def continuous_pass(w: Workload, engine) -> Pass:
         accepted=s.accepted,
         row_rounds=s.row_rounds,
         rounds=s.rounds,
-        slot_rounds=s.rounds * s.slots,
-        queued_slot_rounds=s.queued_rounds * s.slots,
+        slot_rounds=s.slot_rounds,
+        queued_slot_rounds=s.queued_slot_rounds,
         queued_row_rounds=s.queued_row_rounds,
         refills=s.refills,
         syncs=s.syncs,
@@ -475,7 +476,10 @@ def _print_first_calls(block: dict) -> None:
 def run(args) -> dict:
     """The ``--continuous`` mode (see the module docstring): prints a table block per (temperature, slot count)
     and a summary; returns the JSON document: the workload's description and ``blocks``, one per (temperature,
-    slots) with ``modes`` (mode -> figures, see ``figures``), ``first_calls``, ``auto_first_call`` and ``sync``."""
+    slots) with ``modes`` (mode -> figures, see ``figures``), ``first_calls``, ``auto_first_call`` and ``sync``.
+    With ``--requests``, the engine's sizing instead (``sizing``)."""
+    if getattr(args, "requests", None):
+        return sizing(args)
     modes = [m for m in MODES if m in BASELINES or m in (args.continuous_modes or DEFAULT_MODES)]
     w = workload(args)
     lengths = [len(p) for p in w.prompts]
@@ -533,3 +537,121 @@ def _summary(doc: dict) -> None:
             f"{m[best]['tok_s']:.1f} ({m[best]['vs_static_plain']:.2f}×){auto}",
             flush=True,
         )
+
+
+SIZING_TARGET = "smollm2-135m-instruct"
+SIZING_HEAD = "jaxspec/smollm2-eagle"
+
+
+@dataclasses.dataclass
+class SizingPass:
+    """One pass of a ``--requests`` mode: tokens, device seconds (compilation excluded), host seconds, outputs."""
+
+    tokens: int
+    seconds: float
+    elapsed_s: float
+    compile_s: float
+    outputs: list
+    compiles: dict
+    widths: dict | None = None  # the engine's rounds by batch
+
+
+def sizing_workload(args):
+    """``(target, head, prompt ids)``: SmolLM2-135M-Instruct, its shipped EAGLE head and the 24 chat prompts of
+    ``checkpoints/chat_prompts.jsonl`` through its chat template."""
+    target = jaxspec.load(SIZING_TARGET)
+    head = jaxspec.eagle.load(SIZING_HEAD, target)
+    rows = read_jsonl(shipped_dir() / "chat_prompts.jsonl")
+    return target, head, tokenize(target, [r["prompt"] for r in rows], chat=True)
+
+
+def sizing_passes(target, head, prompts: list[list[int]], slots: int, max_new: int):
+    """``{"engine": run, "generate": run}`` for one request count: ``Engine(slots=slots)`` over every prompt, and
+    ``generate`` calls of ``min(len(prompts), slots)`` rows (the same prompts in order), greedy, the head at its
+    default γ, ``max_new`` new tokens (EOS on). Each run returns a ``SizingPass``."""
+    kw = dict(draft=head, temperature=0.0, max_new_tokens=max_new)
+    engine = jaxspec.Engine(target, slots=slots, **kw)
+    batch = min(len(prompts), slots)
+
+    def engine_pass() -> SizingPass:
+        start = time.perf_counter()
+        run = engine.run(prompts)
+        outputs: list[list[int] | None] = [None] * len(prompts)
+        for row in run:
+            outputs[row.index] = row.tokens
+        s = run.stats
+        elapsed = time.perf_counter() - start
+        return SizingPass(s.generated_tokens, s.wall_time_s, elapsed, s.compile_time_s, outputs, s.compiles, s.widths)
+
+    def generate_pass() -> SizingPass:
+        p = SizingPass(0, 0.0, 0.0, 0.0, [], {})
+        start = time.perf_counter()
+        for call in batch_calls(prompts, batch):
+            res = jaxspec.generate(target, call, **kw)
+            s = res.stats
+            p.tokens += s.generated_tokens
+            p.seconds += s.wall_time_s
+            p.compile_s += s.compile_time_s
+            p.outputs += res.tokens
+            if s.compile_time_s > 0:
+                shape = f"generate[{s.compiled_batch_size}x{s.cache_length}]"
+                p.compiles[shape] = p.compiles.get(shape, 0.0) + s.compile_time_s
+        p.elapsed_s = time.perf_counter() - start
+        return p
+
+    return {"engine": engine_pass, "generate": generate_pass}
+
+
+def sizing(args) -> dict:
+    """``--continuous --requests N[,N...]``: for each N, the first N chat prompts (cycled) through
+    ``Engine(slots=S)`` (S the largest ``--slots``) against ``generate`` calls of ``min(N, S)`` rows, SmolLM2 with
+    its EAGLE head at the head's default γ, greedy, ``--max-new-tokens`` each. Per N: one untimed pass per mode (it
+    compiles; its compile seconds per program are printed), then ``--repeats`` timed passes, modes interleaved
+    (order reversed on odd passes). Reported: tokens/s (generated tokens ÷ device time, compilation excluded;
+    median over passes), the engine's ratio to generate paired per pass, the batches the engine ran at, and the
+    share of requests whose tokens agree."""
+    target, head, ids = sizing_workload(args)
+    slots = max(args.slots)
+    print(
+        f"engine sizing: {SIZING_TARGET} + {SIZING_HEAD} (γ={head.default_gamma}), {len(ids)} chat prompts "
+        f"({min(map(len, ids))}-{max(map(len, ids))} tokens) cycled, greedy, {args.max_new_tokens} new tokens "
+        f"(EOS on); Engine(slots={slots}) vs generate calls of min(N, {slots}) rows; {args.repeats} timed passes",
+        flush=True,
+    )
+    doc: dict[str, Any] = {"mode": "continuous-sizing", "slots": slots, "max_new_tokens": args.max_new_tokens}
+    doc["requests"] = []
+    header = f"{'N':>4} | {'engine tok/s':>12} | {'generate tok/s':>14} | {'ratio':>6} | {'engine batches':<22} | same"
+    print(f"{header}\n{'-' * len(header)}", flush=True)
+    for n in args.requests:
+        runners = sizing_passes(target, head, prompt_pool(ids, n), slots, args.max_new_tokens)
+        first = {m: run() for m, run in runners.items()}  # compiles what a pass does
+        passes: dict[str, list[SizingPass]] = {m: [] for m in runners}
+        for r in range(args.repeats):
+            for m in runners if r % 2 == 0 else list(runners)[::-1]:
+                passes[m].append(runners[m]())
+        tok_s = {m: statistics.median(p.tokens / p.seconds for p in ps) for m, ps in passes.items()}
+        pairs = {m: [[p.tokens, p.seconds] for p in ps] for m, ps in passes.items()}
+        ratio = paired_ratio(pairs["engine"], pairs["generate"])
+        last = {m: ps[-1] for m, ps in passes.items()}
+        same = sum(a == b for a, b in zip(last["engine"].outputs, last["generate"].outputs)) / n
+        batches = "/".join(f"{w}:{k}" for w, k in sorted((last["engine"].widths or {}).items(), reverse=True))
+        print(
+            f"{n:>4} | {tok_s['engine']:>12.1f} | {tok_s['generate']:>14.1f} | {ratio:>5.2f}× | {batches:<22} | "
+            f"{same:.2f}",
+            flush=True,
+        )
+        for m, p in first.items():
+            programs = ", ".join(f"{k} {v:.1f}s" for k, v in p.compiles.items()) or "none"
+            print(f"{'':>4}   first {m} pass compiled {p.compile_s:.1f} s: {programs}", flush=True)
+        doc["requests"].append(
+            {
+                "n": n,
+                "tok_s": tok_s,
+                "engine_vs_generate": ratio,
+                "engine_widths": last["engine"].widths,
+                "same_outputs": same,
+                "first_pass_compiles": {m: p.compiles for m, p in first.items()},
+                "passes": {m: [[p.tokens, p.seconds, p.elapsed_s] for p in ps] for m, ps in passes.items()},
+            }
+        )
+    return doc

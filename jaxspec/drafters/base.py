@@ -8,7 +8,10 @@ passed in as the traced ``params``):
 
   * ``init_state(batch, cache_len)`` -> the drafter's own state (a pytree, e.g. its KV cache; None if it has
     none), built inside jit;
-  * ``prefill(params, prompt [B, T], positions [B, T], state)`` -> state, after the prompt;
+  * ``prefill(params, prompt [B, C], positions [B, C], state)`` -> state, after a part of the prompt: the loop
+    reads prompts in consecutive chunks of C positions (``jaxspec.loop.LoopSpec.prefill_chunk``) and calls it once
+    per chunk, in order, after the target's pass over that chunk (and, for a ``features`` drafter, its
+    ``observe``); positions past a row's prompt hold padding;
   * ``draft(params, state, tokens [B, S], length [B], sampling, keys [B, γ], vocab_size)`` -> ``Proposal``:
     γ draft tokens per row, the distribution q each was drawn from (one-hot for a deterministic drafter), the
     new state, a per-row flag for non-finite logits and, optionally, which rows have anything to propose.
@@ -84,7 +87,8 @@ class Drafter:
         return None
 
     def prefill(self, params, prompt: jax.Array, positions: jax.Array, state: Any) -> Any:
-        """``state`` after reading the (right-padded) ``prompt``; stateless drafters return it unchanged."""
+        """``state`` after reading the tokens ``prompt`` at ``positions`` (a chunk of the right-padded prompt, the
+        chunks in order); stateless drafters return it unchanged."""
         return state
 
     def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:

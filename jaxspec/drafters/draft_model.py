@@ -62,7 +62,7 @@ class ModelDrafter(Drafter):
         return dataclasses.replace(self, catch_up=max(self.catch_up, new))
 
     def prefill(self, params, prompt, positions, state):
-        """The cache after a forward pass over the prompt."""
+        """The cache after a forward pass over the prompt's chunk ``prompt`` at ``positions``."""
         return self.apply_fn(params, self._ids(prompt), positions, state)[1]
 
     def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:

@@ -124,10 +124,16 @@ class EagleDrafter(Drafter):
         )
 
     def prefill(self, params, prompt, positions, state: EagleState) -> EagleState:
-        """The head's cache over the prompt's pairs ``(f_j, token j+1)`` (the last pair is rewritten later)."""
+        """The head's cache over the pairs ``(f_{p-1}, token p)`` for the tokens ``prompt`` at ``positions``: each
+        pair joins a token to the feature before it, written by ``observe`` for this part of the prompt or an
+        earlier one, so the prompt may come in consecutive chunks. The pair of position -1 does not exist (its
+        write is dropped); the pairs of a prompt's last positions are rewritten by the first round's window."""
         apply_fn, _ = eagle_model.head_fns(self.config)
-        following = jnp.concatenate([prompt[:, 1:], prompt[:, -1:]], axis=1)
-        _, _, cache = apply_fn(params, following, state.feats[:, : prompt.shape[1]], positions, state.cache)
+        size = state.feats.shape[1]
+        rows = jnp.arange(prompt.shape[0])[:, None]
+        before = positions - 1
+        feats = state.feats[rows, jnp.maximum(before, 0)]
+        _, _, cache = apply_fn(params, prompt, feats, jnp.where(before < 0, size, before), state.cache)
         return dataclasses.replace(state, cache=cache)
 
     def draft(self, params, state: EagleState, tokens, length, sampling, keys, vocab_size: int) -> Proposal:

@@ -37,7 +37,9 @@ class GenerationConfig:
       max_length: cache length (prompt + generated); None: bucketed from the prompts and ``max_new_tokens``.
       acceptance: advanced: the acceptance rule, a hashable ``jaxspec.core.acceptance.RejectionSampler`` (subclass)
         instance; None: the exact rule.
-      chat: wrap each string prompt as one user turn with the tokenizer's chat template (generation prompt added).
+      chat: wrap each string prompt as one user turn with the tokenizer's chat template (generation prompt added);
+        None (the default): when the target's tokenizer has a chat template, as the ``jaxspec`` command does.
+        Token-id prompts are never wrapped.
       mesh: a ``jax.sharding.Mesh`` with axes ``data``/``model`` or a dict such as ``{"data": 2, "model": 4}``:
         rows and KV caches split over ``data``, the target's weights over ``model`` (``jaxspec.sharding``). With
         several processes (``jax.distributed``) every process makes the same call and gets every row.
@@ -57,7 +59,7 @@ class GenerationConfig:
     seed: int | Sequence[int] = 0
     max_length: int | None = None
     acceptance: Any = None
-    chat: bool = False
+    chat: bool | None = None
     mesh: Any = None
     shard_draft: bool = True
     policy: Any = None

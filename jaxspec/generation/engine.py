@@ -1,12 +1,15 @@
 """Continuous batching: ``Engine(...).run(requests)`` yields each request's result as soon as its row finishes.
 
-A fixed number of slots (the compiled batch) decode together in the loop of ``jaxspec.loop``. When rows finish, the
-host reads which (a ``[B]`` flag array: one small transfer per refill, never one per token), prefills as many
-waiting prompts as there are free slots in one small batch and inserts them into those slots of the target and
-draft caches (``jaxspec.loop.slots``), and decoding goes on. Every per-request value (prompt, seed, ``max_new_tokens``,
-EOS ids, temperature, top-k, top-p) is a traced per-row input: nothing recompiles as requests come and go, and
-prompts are bucketed by length as in ``generate``. Why the host drives the refills (JetStream's prefill / insert /
-generate split) rather than a queue inside the loop: see ``docs/guides/design.md``.
+Up to ``slots`` rows (the slots) decode together in the loop of ``jaxspec.loop``, at the smallest of a few bucketed
+batch widths that holds the rows in flight and the requests waiting: a state of B rows, B a power of two (or
+``slots``), so a few requests do not pay for every slot, and as rows finish with nothing waiting the rows left move
+to a smaller batch (``jaxspec.loop.slots.resize``). When rows finish and requests wait, the host reads which (a
+``[B]`` flag array: one small transfer per refill, never one per token), prefills as many waiting prompts as there
+are free slots in one small batch and inserts them into those slots of the target and draft caches
+(``jaxspec.loop.slots``), and decoding goes on. Every per-request value (prompt, seed, ``max_new_tokens``, EOS ids,
+temperature, top-k, top-p) is a traced per-row input and prompts are read in chunks as in ``generate``: each
+width's programs compile once, and nothing recompiles as requests come and go. Why the host drives the refills
+(JetStream's prefill / insert / generate split) rather than a queue inside the loop: see ``docs/guides/design.md``.
 
 A row's output equals what ``jaxspec.generate`` returns for that prompt alone with the same seed and
 ``max_length`` (same draws: a row's keys depend only on its seed and its own round counter).
@@ -29,9 +32,9 @@ from jaxspec.generation import inputs as inputs_lib
 from jaxspec.generation import results
 from jaxspec.generation.config import GenerationConfig
 from jaxspec.generation.generate import choose_gamma, mesh_key
-from jaxspec.generation.request import Request, is_int, make_request, tokenize
+from jaxspec.generation.request import Request, is_int, make_request, resolve_chat, tokenize
 from jaxspec.generation.results import FINISH_REASONS, RowStats
-from jaxspec.loop import slots
+from jaxspec.loop import compile_cache, slots
 from jaxspec.parallel import sharding
 
 REQUEST_KEYS = ("prompt", "id", *GenerationConfig.PER_REQUEST)
@@ -52,7 +55,7 @@ class RowResult:
       finish_reason: ``"eos"`` | ``"length"`` | ``"cache"``.
       text: the decoded tokens when the target has a tokenizer, else None.
       stats: this row's ``RowStats`` (rounds, drafts, acceptance histogram).
-      slot: the slot it ran in.
+      slot: the slot it was inserted into (rows move to lower slots when the batch shrinks).
       wall_time_s: its share of the run's device time (each decode call's time split over the rows by the tokens
         they generated in it, each prefill's over the rows it inserted); the shares sum to the run's time.
       error: None, or why the row's tokens are not trustworthy (a model produced NaN/inf logits for it).
@@ -75,15 +78,22 @@ class EngineStats:
     """One ``Engine.run``'s figures (complete once the run is exhausted).
 
     Attributes:
-      slots: the compiled batch B. gamma: draft tokens per round (0: plain). cache_length: S.
+      slots: the most rows decoded together (``Engine.slots``). gamma: draft tokens per round (0: plain).
+      cache_length: S.
       rows: requests finished. generated_tokens: their tokens.
       rounds: loop iterations (batched target passes); row_rounds: the rows' rounds summed.
-      queued_rounds, queued_row_rounds: the same, counted over the decode calls made while requests were still
-        waiting (every slot busy at their start): the job's steady state, its drain at the end excluded.
+      widths: compiled batch -> loop iterations run at it (the loop runs at the smallest of ``Engine.widths``
+        that holds the rows in flight).
+      slot_rounds: slot-rounds run: each iteration times the batch it ran at.
+      queued_rounds, queued_slot_rounds, queued_row_rounds: the same, counted over the decode calls made while
+        requests were still waiting: the job's steady state, its drain at the end excluded.
       wall_time_s: device time (prefill + decode, compilation excluded); prefill_time_s and decode_time_s: its
-        prefill and decode parts.
+        prefill (and insert) and decode (and resize) parts.
       compile_time_s: compilation during the run (0 when every program was compiled before).
-      refills: prefill-and-insert calls; syncs: decode calls (each ends in one small host read).
+      compiles: program -> seconds, for each program compiled (or loaded from the persistent compilation cache)
+        during the run: ``prefill[k]``, ``rounds[B]``, ``insert[B<-k]``, ``resize[B->B']``.
+      refills: prefill-and-insert calls; syncs: decode calls (each ends in one small host read); resizes: moves of
+        the rows in flight to another batch.
       drafted, accepted: draft tokens verified / accepted over every row (verify rounds only).
       policy: with ``gamma="auto"``, the decision (``jaxspec.policy.Decision.as_dict()``); else None.
     """
@@ -95,34 +105,39 @@ class EngineStats:
     generated_tokens: int = 0
     rounds: int = 0
     row_rounds: int = 0
+    widths: dict[int, int] = dataclasses.field(default_factory=dict)
+    slot_rounds: int = 0
     queued_rounds: int = 0
+    queued_slot_rounds: int = 0
     queued_row_rounds: int = 0
     wall_time_s: float = 0.0
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
     compile_time_s: float = 0.0
+    compiles: dict[str, float] = dataclasses.field(default_factory=dict)
     refills: int = 0
     syncs: int = 0
+    resizes: int = 0
     drafted: int = 0
     accepted: int = 0
     policy: dict | None = None
 
     @property
     def occupancy(self) -> float:
-        """Busy slot-rounds ÷ slot-rounds: ``row_rounds / (rounds × slots)`` (NaN before any round)."""
-        return self.row_rounds / (self.rounds * self.slots) if self.rounds else float("nan")
+        """Busy slot-rounds ÷ slot-rounds run: ``row_rounds / slot_rounds`` (NaN before any round)."""
+        return self.row_rounds / self.slot_rounds if self.slot_rounds else float("nan")
 
     @property
     def straggler_factor(self) -> float:
-        """Rounds run ÷ rounds the rows needed if every slot were always busy: ``1 / occupancy``."""
+        """Slot-rounds run ÷ the rows' rounds: ``1 / occupancy``."""
         return 1.0 / self.occupancy if self.row_rounds else float("nan")
 
     @property
     def queued_straggler_factor(self) -> float:
-        """The straggler factor while requests were waiting: ``queued_rounds × slots / queued_row_rounds``. What the
+        """The straggler factor while requests were waiting: ``queued_slot_rounds / queued_row_rounds``. What the
         refill policy controls; the rest of ``straggler_factor`` is the drain, when the queue is empty and the last
         rows finish at different rounds (NaN when no decode call ran with requests waiting)."""
-        return self.queued_rounds * self.slots / self.queued_row_rounds if self.queued_row_rounds else float("nan")
+        return self.queued_slot_rounds / self.queued_row_rounds if self.queued_row_rounds else float("nan")
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -135,26 +150,31 @@ class EngineStats:
         return self.generated_tokens / self.wall_time_s if self.wall_time_s > 0 else float("nan")
 
     def summary(self) -> str:
-        """One line: rows, tokens, tok/s, α, occupancy, refills."""
+        """One line: rows, tokens, tok/s, α, occupancy, batches, refills."""
         alpha = "" if self.acceptance_rate is None else f", γ={self.gamma} α={self.acceptance_rate:.3f}"
+        batches = "/".join(str(w) for w in sorted(self.widths, reverse=True)) or "-"
         return (
             f"{self.rows} rows, {self.generated_tokens} tokens in {self.wall_time_s:.2f}s "
-            f"({self.tokens_per_s:.1f} tok/s){alpha}, {self.slots} slots, occupancy {self.occupancy:.3f}, "
-            f"{self.refills} refills, {self.syncs} syncs"
+            f"({self.tokens_per_s:.1f} tok/s){alpha}, {self.slots} slots (ran at {batches}), occupancy "
+            f"{self.occupancy:.3f}, {self.refills} refills, {self.syncs} syncs"
         )
 
 
 class Engine:
-    """Continuous batching over ``slots`` rows, plain or speculative.
+    """Continuous batching over up to ``slots`` rows, plain or speculative.
 
     The settings are ``generate``'s (a ``GenerationConfig`` and/or its fields as keywords, checked now with a
     stand-in prompt) and are the defaults of every request; a request given as a dict overrides the fields of
     ``GenerationConfig.PER_REQUEST`` (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``,
     ``eos_token_id``) for itself, each as one value. ``max_length`` is the cache length S of every slot (prompt +
-    generated); None: bucketed from the longest request of each ``run``. Besides:
+    generated); None: bucketed from the longest request of each ``run``. String requests get the target's chat
+    template as ``generate`` gives it (``chat``: by default when the tokenizer has one). Besides:
 
     Args:
-      slots: rows decoded together (the compiled batch; rounded up to a multiple of the mesh's ``data`` axis).
+      slots: the most rows decoded together (rounded up to a multiple of the mesh's ``data`` axis). The loop runs
+        at the smallest of ``widths`` (powers of two below ``slots``, and ``slots``) that holds the rows in flight
+        and the requests waiting: 3 requests on 16 slots decode as a batch of 4, and as rows finish with nothing
+        waiting the rows left move to a smaller batch. Each width's programs compile once.
       refill_at: when requests are waiting, the decode loop hands back to the host once this many rows have
         finished (default: ``max(1, slots // 32)``); with none waiting it returns at each finished row, so results
         are yielded as soon as they exist.
@@ -184,10 +204,17 @@ class Engine:
         self.config = GenerationConfig.of(config, settings, "Engine")
         # every engine-level setting checked now (a one-token stand-in prompt), before anything compiles
         probe = make_request(target, [[0]], self.config)
+        compile_cache.use_default()  # the persistent compilation cache, unless this process chose otherwise
         self.mesh = probe.mesh
         data = sharding.axis_size(self.mesh, "data")
         self.slots = -(-slots // data) * data
+        powers = (-(-(1 << i) // data) * data for i in range(self.slots.bit_length()))  # multiples of data
+        self.widths = tuple(sorted({w for w in powers if w < self.slots} | {self.slots}))
         self.refill_at = refill_at or max(1, self.slots // 32)
+
+    def width(self, rows: int) -> int:
+        """The compiled batch for ``rows`` rows: the smallest of ``widths`` holding ``min(rows, slots)``."""
+        return next(w for w in self.widths if w >= min(max(rows, 1), self.slots))
 
     def run(self, requests: Iterable) -> EngineRun:
         """Check and tokenize every request now (errors name ``requests[i]``; nothing compiles), and return the
@@ -222,7 +249,7 @@ class Engine:
             for key in GenerationConfig.PER_REQUEST:
                 per_row[key].append(item.get(key, getattr(self.config, key)))
             explicit.append("seed" in item)
-        rows = tokenize(self.target, prompts, self.config.chat)
+        rows = tokenize(self.target, prompts, resolve_chat(self.target, self.config.chat))
         eos_sets = per_row.pop("eos_token_id")
         request = make_request(self.target, rows, self.config, **per_row)
         # generate's seeding: an explicit seed -> the row depends on it alone; the engine's seed -> folded with the
@@ -258,8 +285,8 @@ class EngineRun:
         lengths = request.lengths
         self.cache_len = request.max_length or inputs_lib.bucket_cache(int(np.max(lengths + request.max_new)))
         self.eos_width = inputs_lib.next_pow2(max(len(e) for e in batch.eos), 4)
-        prompt_bucket = min(inputs_lib.next_pow2(int(lengths.max()), 8), self.cache_len)
-        shape = inputs_lib.Buckets(engine.slots, self.cache_len, prompt_bucket)
+        prefill = inputs_lib.prefill_positions(self.cache_len, int(lengths.max()))
+        shape = inputs_lib.Buckets(engine.width(request.num_rows), self.cache_len, prefill)
         gamma, decision, self.policy = choose_gamma(request, shape)
         self.decision = decision
         self.spec = inputs_lib.loop_spec(request, self.cache_len, gamma)
@@ -270,53 +297,76 @@ class EngineRun:
             cache_length=self.cache_len,
             policy=None if decision is None else decision.as_dict(),
         )
+        self._decode_s: dict[int, float] = collections.defaultdict(float)  # batch -> decode seconds (the policy's)
 
     def __iter__(self) -> Iterator[RowResult]:
         engine, request, spec = self.engine, self.batch.request, self.spec
         tparams, dparams = inputs_lib.place_params(request.target, self.drafter, spec.mesh, request.shard_draft)
-        n, width = request.num_rows, engine.slots
+        n = request.num_rows
         order: Sequence[int] = range(n)
         if engine.schedule == "longest_first":  # stable: ties keep arrival order
             order = sorted(order, key=lambda i: -int(request.max_new[i]))
         queue = collections.deque(order)
-        occupant = [-1] * width  # request index in each slot, -1 = free
+        occupant: list[int] = []  # request index in each slot of the state, -1 = free
+        self._slot = np.zeros(n, np.int64)  # the slot each request was inserted into
         wall = np.zeros(n)
         stats = self.stats
-        state = slots.empty_state(spec, width, self.eos_width)
+        state = None
         never = inputs_lib.replicated_scalar(spec.mesh, _NEVER)
-        length, rounds = np.ones(width, np.int64), np.zeros(width, np.int64)
+        length, rounds = np.ones(0, np.int64), np.zeros(0, np.int64)  # per slot, as last read from the device
         rows_hist, row_stats = [], []
         while queue or any(o >= 0 for o in occupant):
-            free = [b for b in range(width) if occupant[b] < 0]
+            live = [b for b, o in enumerate(occupant) if o >= 0]
+            width = engine.width(len(live) + len(queue))
+            if state is not None and width != len(occupant):  # the rows in flight (and waiting) fit another batch
+                start = time.perf_counter()
+                state, seconds = self._resize(state, live, width)
+                occupant = [occupant[b] for b in live] + [-1] * (width - len(live))
+                length = np.concatenate([length[live], np.ones(width - len(live), np.int64)])
+                rounds = np.concatenate([rounds[live], np.zeros(width - len(live), np.int64)])
+                jax.block_until_ready(state)
+                elapsed = time.perf_counter() - start - seconds
+                wall[[occupant[b] for b in range(len(live))]] += elapsed / max(1, len(live))
+                stats.decode_time_s += elapsed
+                stats.wall_time_s += elapsed
+                stats.resizes += 1
+            if state is None:
+                occupant = [-1] * width
+            free = [b for b, o in enumerate(occupant) if o < 0]
             if queue and free:
                 take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 start = time.perf_counter()
-                state, seconds = self._refill(state, tparams, dparams, take, free[: len(take)])
+                state, seconds = self._refill(state, tparams, dparams, take, free[: len(take)], width)
                 for b, i in zip(free, take):
                     occupant[b] = i
+                    self._slot[i] = b
                 length, rounds = sharding.to_host((state.length, state.rounds))
                 elapsed = time.perf_counter() - start - seconds
                 wall[take] += elapsed / len(take)
                 stats.prefill_time_s += elapsed
                 stats.wall_time_s += elapsed
-                stats.compile_time_s += seconds
                 stats.refills += 1
+            assert state is not None  # the first pass through the loop refilled (requests is never empty)
             stop_after = inputs_lib.replicated_scalar(spec.mesh, engine.refill_at if queue else 1)
             start = time.perf_counter()
             before = rounds
             state, seconds = loop.rounds_program(spec, tparams, dparams, state, never, stop_after)
+            self._compiled(f"rounds[{width}]", seconds)
             new_length, done, rounds = sharding.to_host((state.length, state.done, state.rounds))
             elapsed = time.perf_counter() - start - seconds
             stats.wall_time_s += elapsed
-            stats.compile_time_s += seconds
             stats.decode_time_s += elapsed
+            self._decode_s[width] += elapsed
             stats.syncs += 1
             busy = [b for b in range(width) if occupant[b] >= 0]
-            progressed = rounds - before
-            stats.rounds += int(np.max(progressed))
-            if queue:  # requests waiting: every slot was busy when this call started
-                stats.queued_rounds += int(np.max(progressed))
-                stats.queued_row_rounds += int(progressed[busy].sum())
+            ran = int(np.max(rounds - before))
+            stats.rounds += ran
+            stats.slot_rounds += ran * width
+            stats.widths[width] = stats.widths.get(width, 0) + ran
+            if queue:  # requests waiting: every free slot was refilled when this call started
+                stats.queued_rounds += ran
+                stats.queued_slot_rounds += ran * width
+                stats.queued_row_rounds += int((rounds - before)[busy].sum())
             grown = np.array([new_length[b] - length[b] for b in busy], np.float64)
             share = grown / grown.sum() if grown.sum() > 0 else np.full(len(busy), 1.0 / max(1, len(busy)))
             for b, s in zip(busy, share):
@@ -351,13 +401,35 @@ class EngineRun:
                 yield result
         self._observe(rows_hist, row_stats)
 
-    def _refill(self, state, tparams, dparams, take: list[int], free: list[int]):
-        """Prefill the requests ``take`` into the slots ``free`` (same length): one program call."""
+    def _compiled(self, program: str, seconds: float) -> None:
+        """Count a program's compile (or load) seconds in the run's stats."""
+        if seconds > 0:
+            self.stats.compile_time_s += seconds
+            self.stats.compiles[program] = self.stats.compiles.get(program, 0.0) + seconds
+
+    def _put(self, values: np.ndarray):
+        """A small host array placed for the slot programs (replicated over the mesh, if any)."""
+        mesh = self.spec.mesh
+        if mesh is None:
+            return jax.device_put(values)
+        return sharding.put(values, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+    def _resize(self, state, live: list[int], width: int):
+        """``state`` with its rows ``live`` moved to the first slots of a state of ``width`` rows (the others
+        idle): ``(state, compile seconds)``."""
+        rows = np.asarray(live + [-1] * (width - len(live)), np.int32)
+        before = state.done.shape[0]
+        state, seconds = slots.resize_program(self.spec, state, self._put(rows))
+        self._compiled(f"resize[{before}->{width}]", seconds)
+        return state, seconds
+
+    def _refill(self, state, tparams, dparams, take: list[int], free: list[int], width: int):
+        """Prefill the requests ``take`` and insert them into the slots ``free`` (same length) of ``state`` (of
+        ``width`` rows); with no state yet, the prefill of ``width`` rows is the state. Returns ``(state, compile
+        seconds)``."""
         request, spec, batch = self.batch.request, self.spec, self.batch
-        data = sharding.axis_size(spec.mesh, "data")
-        k = -(-min(inputs_lib.next_pow2(len(take), 1), self.engine.slots) // data) * data
-        plen = min(inputs_lib.next_pow2(max(len(request.rows[i]) for i in take), 8), self.cache_len)
-        prompt = np.zeros((k, plen), np.int32)
+        k = width if state is None else self.engine.width(len(take))
+        prompt = np.zeros((k, self.cache_len), np.int32)
         eos = np.full((k, self.eos_width), -1, np.int32)
         pad = k - len(take)
 
@@ -382,13 +454,15 @@ class EngineRun:
                 col(request.top_p[take], 1.0, np.float32),
             ),
         )
-        where = col(free, self.engine.slots, np.int32)  # padding rows go past the last slot: dropped
-        if spec.mesh is None:
-            inputs, where = jax.device_put((inputs, where))
-        else:
-            inputs = inputs_lib.place_inputs(inputs, spec.mesh)
-            where = sharding.put(where, jax.sharding.NamedSharding(spec.mesh, jax.sharding.PartitionSpec()))
-        return slots.refill_program(spec, tparams, dparams, state, inputs, where)
+        inputs = jax.device_put(inputs) if spec.mesh is None else inputs_lib.place_inputs(inputs, spec.mesh)
+        new, seconds = loop.prefill_program(spec, tparams, dparams, inputs)
+        self._compiled(f"prefill[{k}]", seconds)
+        if state is None:
+            return new, seconds
+        where = self._put(col(free, width, np.int32))  # padding rows go past the last slot: dropped
+        state, more = slots.insert_program(spec, state, new, where)
+        self._compiled(f"insert[{width}<-{k}]", more)
+        return state, seconds + more
 
     def _row(self, host, slot: int, index: int, length: int, rounds: int, wall: float) -> RowResult:
         tokens, logprobs, plen, finish, drafted, accepted, hist, bad_t, bad_d = host
@@ -421,28 +495,29 @@ class EngineRun:
             finish_reason=reason,
             text=text,
             stats=stats,
-            slot=slot,
+            slot=int(self._slot[index]),
             wall_time_s=float(wall),
             error=error,
         )
 
     def _observe(self, hists, row_stats) -> None:
-        """With ``gamma="auto"``, feed the loop's round time and the acceptance seen back into the policy (not a
-        straggler factor: refilled slots do not wait for the slowest row)."""
+        """With ``gamma="auto"``, feed the loop's round time at each batch it ran at and the acceptance seen back into
+        the policy (not a straggler factor: refilled slots do not wait for the slowest row)."""
         if self.decision is None:
             return
         request, stats = self.batch.request, self.stats
         assert self.policy is not None  # choose_gamma returns it with the decision
-        self.policy.observe_rounds(
-            request.target,
-            request.drafter,
-            stats.slots,
-            stats.cache_length,
-            stats.gamma,
-            stats.decode_time_s,
-            stats.rounds,
-            mesh_key(self.spec.mesh, request.shard_draft),
-        )
+        for width, seconds in self._decode_s.items():
+            self.policy.observe_rounds(
+                request.target,
+                request.drafter,
+                width,
+                stats.cache_length,
+                stats.gamma,
+                seconds,
+                stats.widths.get(width, 0),
+                mesh_key(self.spec.mesh, request.shard_draft),
+            )
         if not stats.drafted:
             return
         self.policy.observe(

@@ -38,6 +38,7 @@ from jaxspec.generation.results import (
     Stats,
     StreamStep,
 )
+from jaxspec.loop import compile_cache
 from jaxspec.parallel import sharding
 
 __all__ = [
@@ -104,12 +105,11 @@ def mesh_key(mesh, shard_draft: bool):
 class Prepared:
     """A checked call ready to run: what ``prepare`` returns.
 
-    With B the compiled batch, T the padded prompt length and S the cache length
-    (``jaxspec.generation.inputs.Buckets``):
+    With B the compiled batch and S the cache length (``jaxspec.generation.inputs.Buckets``):
 
     Attributes:
       spec: the static ``loop.LoopSpec`` (γ, cache length S, functions, mesh); ``spec.gamma`` 0 is plain decoding.
-      inputs: the traced ``loop.LoopInputs``: ``prompt [B, T]``, ``prompt_len``/``max_new``/``active``/``seeds``/
+      inputs: the traced ``loop.LoopInputs``: ``prompt [B, S]``, ``prompt_len``/``max_new``/``active``/``seeds``/
         ``row_ids`` ``[B]``, ``eos [E]``, sampling parameters ``[B]``; placed on ``spec.mesh`` when there is one.
       num_rows: N, the number of prompts (rows ``N..B-1`` are inactive padding).
       tokenizer: the target's tokenizer (None without one), for ``texts``.
@@ -120,6 +120,7 @@ class Prepared:
       target: the target model.
       drafter: with ``gamma="auto"``, the drafter the policy decided for (also when it chose plain decoding).
       config: the call's settings as given (its ``draft`` names the culprit in a ``NonFiniteLogitsError``).
+      prompt_len: the positions per row the prefill reads (``Buckets.prompt_len``: whole chunks).
     """
 
     spec: loop.LoopSpec
@@ -133,6 +134,7 @@ class Prepared:
     target: CausalLM | None = None
     drafter: object = None
     config: GenerationConfig = GenerationConfig()
+    prompt_len: int = 0
 
     def placed_params(self) -> tuple:
         """``(target_params, draft_params)`` placed as the loop takes them (``inputs.place_params``)."""
@@ -144,9 +146,11 @@ def prepare(target, prompts, config: GenerationConfig | None = None, **settings)
     """Stages 1-3 of ``generate`` (same arguments): check and tokenize, bucket and build the inputs, choose γ.
 
     Raises ``TypeError``/``ValueError`` on bad input before compiling anything; with ``gamma="auto"`` the γ
-    decision may compile and time candidate loops.
+    decision may compile and time candidate loops. Turns the persistent compilation cache on unless the process
+    chose otherwise (``jaxspec.loop.compile_cache.use_default``).
     """
     request = make_request(target, prompts, config, **settings)
+    compile_cache.use_default()  # the persistent compilation cache, unless this process chose otherwise
     shape = inputs_lib.buckets(request)
     g, decision, policy = choose_gamma(request, shape)
     return Prepared(
@@ -161,6 +165,7 @@ def prepare(target, prompts, config: GenerationConfig | None = None, **settings)
         target=request.target,
         drafter=request.drafter if decision is not None else None,
         config=request.config,
+        prompt_len=shape.prompt_len,
     )
 
 
@@ -185,7 +190,7 @@ def run(prep: Prepared) -> tuple[loop.State, float, float]:
         compile_s += seconds
         key = mesh_key(prep.spec.mesh, prep.shard_draft)
         assert prep.policy is not None  # prepare sets it with the decision
-        batch, prompt_tokens = prep.inputs.prompt.shape
+        batch, prompt_tokens = prep.inputs.prompt.shape[0], prep.prompt_len
         prefill_s = time.perf_counter() - before - seconds
         prep.policy.observe_prefill(
             prep.target, prep.drafter, batch, prep.spec.cache_len, prep.spec.gamma, prompt_tokens, prefill_s, key

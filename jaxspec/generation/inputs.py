@@ -1,8 +1,10 @@
-"""Stage 2 of ``generate``: the compiled shapes (batch, cache and prompt buckets), the loop's static ``LoopSpec``
-and traced ``LoopInputs``, and their placement on a mesh.
+"""Stage 2 of ``generate``: the compiled shapes (batch and cache buckets), the loop's static ``LoopSpec`` and traced
+``LoopInputs``, and their placement on a mesh.
 
 Shapes are bucketed so that calls with nearby sizes reuse one compiled loop; everything that varies per call
-(prompts, lengths, seeds, ``max_new_tokens``, sampling parameters) is a traced input and never recompiles.
+(prompts, lengths, seeds, ``max_new_tokens``, sampling parameters) is a traced input and never recompiles. Prompts
+are padded to the cache length and read by the prefill in chunks (``jaxspec.loop.LoopSpec.prefill_chunk``), so
+a prompt's length selects no program: a call's programs depend on its batch and cache buckets only.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ def bucket_cache(n: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Buckets:
-    """The shapes a request compiles for.
+    """The shapes a request compiles for, and the prefill's work.
 
     Attributes:
       batch: compiled batch size B: ``bucket_batch(N)``, rounded up to a multiple of the mesh's ``data`` axis.
       cache_len: KV-cache length S: ``max_length``, or ``bucket_cache`` of the longest prompt + its ``max_new``.
-      prompt_len: padded prompt length T: a power of two >= 8 holding the longest prompt, at most ``cache_len``.
+      prompt_len: the positions per row the prefill reads: its chunks (as many as the longest prompt needs) times
+        the chunk width (``loop.default_chunk(cache_len)``). Not a compiled shape: prompts are padded to S.
     """
 
     batch: int
@@ -63,13 +66,19 @@ def buckets(request: Request) -> Buckets:
     batch = bucket_batch(request.num_rows)
     data = sharding.axis_size(request.mesh, "data")
     batch = -(-batch // data) * data  # the batch splits evenly over the data axis
-    prompt_len = min(next_pow2(int(lengths.max()), 8), cache_len)
-    return Buckets(batch, cache_len, prompt_len)
+    return Buckets(batch, cache_len, prefill_positions(cache_len, int(lengths.max())))
+
+
+def prefill_positions(cache_len: int, longest: int) -> int:
+    """The positions per row the prefill of a ``cache_len`` cache reads for a longest prompt of ``longest``
+    tokens: whole chunks of ``loop.default_chunk(cache_len)``."""
+    chunk = loop.default_chunk(cache_len)
+    return -(-max(1, longest) // chunk) * chunk
 
 
 def loop_spec(request: Request, cache_len: int, gamma: int) -> loop.LoopSpec:
     """The static ``LoopSpec`` for ``request`` at ``gamma`` draft tokens per round (0: plain decoding, no draft)."""
-    return loop.LoopSpec(
+    spec = loop.LoopSpec(
         target_apply=request.target.apply_fn,
         target_init_cache=request.target.init_cache,
         drafter=loop_drafter(request.drafter if gamma > 0 else None),
@@ -77,8 +86,8 @@ def loop_spec(request: Request, cache_len: int, gamma: int) -> loop.LoopSpec:
         cache_len=cache_len,
         vocab_size=request.target.vocab_size,
         mesh=request.mesh,
-        **({} if request.acceptance is None else {"acceptance": request.acceptance}),
     )
+    return spec if request.acceptance is None else dataclasses.replace(spec, acceptance=request.acceptance)
 
 
 def loop_drafter(draft) -> Drafter:
@@ -93,9 +102,9 @@ def loop_drafter(draft) -> Drafter:
 
 def loop_inputs(request: Request, shape: Buckets) -> loop.LoopInputs:
     """The traced ``LoopInputs`` of ``request``, padded to ``shape.batch`` rows (padding rows inactive) and
-    ``shape.prompt_len`` tokens, placed on ``request.mesh`` when there is one (``place_inputs``)."""
+    ``shape.cache_len`` positions, placed on ``request.mesh`` when there is one (``place_inputs``)."""
     n, batch, pad = request.num_rows, shape.batch, shape.batch - request.num_rows
-    prompt = np.zeros((batch, shape.prompt_len), np.int32)
+    prompt = np.zeros((batch, shape.cache_len), np.int32)
     for i, p in enumerate(request.rows):
         prompt[i, : len(p)] = p
     eos = np.full(next_pow2(len(request.eos), 4), -1, np.int32)

@@ -139,7 +139,7 @@ def apply_chat(model: CausalLM, text: str, index: int) -> list[int]:
     ``index`` (the prompt's position) names the prompt in the error raised when the tokenizer has no template.
     """
     tok = model.tokenizer
-    if getattr(tok, "chat_template", None) is None:
+    if not has_chat_template(model):
         raise ValueError(
             f"chat=True but {model.name}'s tokenizer has no chat template (prompts[{index}]); pass chat=False "
             "or a tokenizer with a chat_template"
@@ -148,6 +148,16 @@ def apply_chat(model: CausalLM, text: str, index: int) -> list[int]:
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+def has_chat_template(model: CausalLM) -> bool:
+    """Whether ``model``'s tokenizer has a chat template."""
+    return getattr(model.tokenizer, "chat_template", None) is not None
+
+
+def resolve_chat(model: CausalLM, chat: bool | None) -> bool:
+    """The ``chat`` setting for ``model``: None (the default) means on when its tokenizer has a chat template."""
+    return has_chat_template(model) if chat is None else chat
 
 
 def tokenize(model: CausalLM, prompts, chat: bool = False) -> list[list[int]]:
@@ -302,14 +312,14 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
     top_p = check_sampling(cfg.top_p, "top_p")
     if max_length is not None and (not is_int(max_length) or max_length < 2):
         raise ValueError(f"max_length must be None or an int >= 2, got {max_length!r}")
-    if not isinstance(cfg.chat, bool):
-        raise ValueError(f"chat must be True or False, got {cfg.chat!r}")
+    if cfg.chat is not None and not isinstance(cfg.chat, bool):
+        raise ValueError(f"chat must be True, False or None (when the tokenizer has a template), got {cfg.chat!r}")
     mesh = sharding.make_mesh(cfg.mesh)
     if not isinstance(cfg.shard_draft, bool):
         raise ValueError(f"shard_draft must be True or False, got {cfg.shard_draft!r}")
     check_tokenizers(target, draft)
 
-    rows = tokenize(target, prompts, cfg.chat)
+    rows = tokenize(target, prompts, resolve_chat(target, cfg.chat))
     n = len(rows)
     vocab = target.vocab_size
     for i, p in enumerate(rows):

@@ -5,7 +5,8 @@
 * ``rounds``: the prefill and the speculative round (draft, verify, accept, emit) inside one ``lax.while_loop``;
 * ``programs``: those functions compiled ahead of time (``generate_program``, ``prefill_program``,
   ``rounds_program``), holding their executables in ``executables``' bounded cache;
-* ``slots``: continuous batching's insert of freshly prefilled rows into a running state;
+* ``slots``: continuous batching's insert of freshly prefilled rows into a running state, and its move of the rows
+  in flight to a state of another batch width;
 * ``compile_cache``: JAX's persistent compilation cache, for later processes.
 """
 
@@ -29,6 +30,7 @@ from jaxspec.loop.state import (
     LoopSpec,
     State,
     constrain_state,
+    default_chunk,
     state_shardings,
     zero_counters,
 )
@@ -46,6 +48,7 @@ __all__ = [
     "clear_compiled",
     "compile_programs",
     "constrain_state",
+    "default_chunk",
     "generate_program",
     "prefill",
     "prefill_program",

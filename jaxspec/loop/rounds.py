@@ -45,29 +45,46 @@ def _per_row(inputs: LoopInputs, batch: int) -> tuple[jax.Array, SamplingParams]
 
 
 def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> State:
-    """The initial state: the target and the drafter run over the padded prompt into fresh caches/state.
+    """The initial state: the target and the drafter read the padded prompts into fresh caches/state.
 
-    Generates nothing (``length = prompt_len``; the first round re-feeds the last prompt token). The caches'
-    padding slots ``prompt_len .. T-1`` hold stale entries until overwritten."""
+    The prompts are read in chunks of ``spec.prefill_chunk`` positions, in order, as many as the longest active
+    prompt needs (a traced count: one compiled program serves every prompt length up to ``cache_len``): each chunk
+    is one target pass at its positions (its features, for a ``features`` drafter, go to ``Drafter.observe``)
+    then the drafter's ``prefill`` over the same chunk. Each cache entry is the one a single pass over the whole
+    prompt writes: a position attends to the slots before it, written by earlier chunks or by its own.
+
+    Generates nothing (``length = prompt_len``; the first round re-feeds the last prompt token). Positions past a
+    row's prompt, up to the end of its last chunk, hold stale entries until overwritten."""
     batch, plen = inputs.prompt.shape
-    positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (batch, plen))
+    size, width = spec.cache_len, spec.prefill_chunk
+    if plen > size:
+        raise ValueError(f"prefill: prompts of {plen} positions do not fit cache_len={size}")
+    tokens = jnp.zeros((batch, size), jnp.int32).at[:, :plen].set(inputs.prompt)
+    padded = jnp.pad(tokens, ((0, 0), (0, spec.prefill_chunks(size) * width - size)))
+    longest = jnp.max(jnp.where(inputs.active, inputs.prompt_len, 1))
+    chunks = (longest + width - 1) // width
 
     def placed(cache):
         return cache if spec.mesh is None else sharding.constrain(cache, sharding.cache_sharding(cache, spec.mesh))
 
-    _, feats, target_cache = _target_pass(
-        spec, target_params, inputs.prompt, positions, placed(spec.target_init_cache(batch, spec.cache_len))
-    )
-    draft_state = placed(spec.drafter.init_state(batch, spec.cache_len))
-    if feats is not None:
-        draft_state = spec.drafter.observe(draft_state, feats, positions)
-    draft_state = spec.drafter.prefill(draft_params, inputs.prompt, positions, draft_state)
-    tokens = jnp.zeros((batch, spec.cache_len), jnp.int32).at[:, :plen].set(inputs.prompt)
+    def chunk(c, carry):
+        target_cache, draft_state = carry
+        start = c * width
+        part = jax.lax.dynamic_slice_in_dim(padded, start, width, axis=1)
+        positions = start + jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+        _, feats, target_cache = _target_pass(spec, target_params, part, positions, target_cache)
+        if feats is not None:
+            draft_state = spec.drafter.observe(draft_state, feats, positions)
+        draft_state = spec.drafter.prefill(draft_params, part, positions, draft_state)
+        return placed(target_cache), draft_state
+
+    caches = placed(spec.target_init_cache(batch, size)), placed(spec.drafter.init_state(batch, size))
+    target_cache, draft_state = jax.lax.fori_loop(0, chunks, chunk, caches)
     row_keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(inputs.seeds, inputs.row_ids)
     eos, sampling = _per_row(inputs, batch)
     state = State(
         tokens=tokens,
-        logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
+        logprobs=jnp.zeros((batch, size), jnp.float32),
         length=inputs.prompt_len,
         prompt_len=inputs.prompt_len,
         max_new=inputs.max_new,

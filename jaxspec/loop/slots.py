@@ -1,31 +1,28 @@
-"""Device side of continuous batching: slots, prefill-and-insert, and an idle state.
+"""Device side of continuous batching: a loop state whose rows (the slots) come and go, and whose batch grows and
+shrinks with the rows in flight.
 
-The engine (``jaxspec.generation.engine``) keeps one loop ``State`` of ``B`` rows (the slots) on device. When slots free
-up it prefills ``k`` waiting prompts as a small batch (``rounds.prefill``) and scatters those rows into the chosen slots
-of every per-row array and of both caches (``insert``), in one compiled program per (k, prompt bucket) that donates
-the old state; decoding then goes on with ``programs.rounds_program`` until enough rows finish. Nothing here depends on
-which model or drafter runs: a cache's batch axis is found by asking its factory for one and for two rows.
+The engine (``jaxspec.generation.engine``) keeps one loop ``State`` of ``B`` rows on device, ``B`` one of a few
+bucketed widths. Waiting prompts are prefilled as a small batch of ``k`` rows (``programs.prefill_program``, one
+program per ``k``) and scattered into free slots of every per-row array and of both caches (``insert``, one cheap
+program per ``(B, k)`` that donates the old state); ``resize`` moves the live rows into a state of another width
+(one cheap program per pair of widths); decoding runs ``programs.rounds_program`` at the state's width. Nothing here
+depends on which model or drafter runs: a cache's batch axis is found by asking its factory for one and for two
+rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
-from jaxspec.core.sampling import SamplingParams
 from jaxspec.loop.programs import Program
-from jaxspec.loop.rounds import prefill
 from jaxspec.loop.state import (
     FINISH_PADDING,
-    LoopInputs,
     LoopSpec,
     State,
     constrain_state,
-    state_shardings,
-    zero_counters,
 )
 
 
@@ -71,42 +68,33 @@ def insert(spec: LoopSpec, state: State, new: State, slots: jax.Array) -> State:
     return constrain_state(spec, State(**fields))
 
 
-def refill(spec: LoopSpec, target_params, draft_params, state: State, inputs: LoopInputs, slots: jax.Array):
-    """Prefill the ``k`` prompts of ``inputs`` and insert them into ``slots [k]`` of ``state`` (one program)."""
-    return insert(spec, state, prefill(spec, target_params, draft_params, inputs), slots)
+insert_program = Program(insert, donate_argnums=(1,))
 
 
-refill_program = Program(refill, donate_argnums=(3,))
+def resize(spec: LoopSpec, state: State, rows: jax.Array) -> State:
+    """A state of ``len(rows)`` rows: row ``i`` is row ``rows[i]`` of ``state`` (every per-row array and both
+    caches), or an idle row (done, ``FINISH_PADDING``) where ``rows[i] < 0``. Moves rows between widths without
+    changing them: a row's draws depend on its own key and round counter only."""
+    target_axes = batch_axes(spec.target_init_cache, spec.cache_len)
+    draft_axes = batch_axes(spec.drafter.init_state, spec.cache_len)
+    src = jnp.maximum(rows, 0)
+
+    def take(x, axis):
+        return x if axis is None else jnp.take(x, src, axis=axis)
+
+    fields = {}
+    for f in dataclasses.fields(State):
+        value = getattr(state, f.name)
+        if f.name == "target_cache":
+            fields[f.name] = jax.tree.map(take, value, target_axes)
+        elif f.name == "draft_state":
+            fields[f.name] = jax.tree.map(take, value, draft_axes)
+        else:
+            fields[f.name] = jax.tree.map(lambda x: take(x, 0), value)
+    idle = rows < 0
+    fields["done"] = fields["done"] | idle
+    fields["finish"] = jnp.where(idle, FINISH_PADDING, fields["finish"])
+    return constrain_state(spec, State(**fields))
 
 
-def empty_state(spec: LoopSpec, batch: int, eos_width: int = 4) -> State:
-    """A loop state of ``batch`` idle slots (every row done, ``FINISH_PADDING``; ``eos [batch, eos_width]``), zero
-    caches, built on device and placed by ``state_shardings`` on ``spec.mesh``."""
-    return _empty_fn(spec, batch, eos_width)()
-
-
-@functools.cache
-def _empty_fn(spec: LoopSpec, batch: int, eos_width: int):
-    def make() -> State:
-        ones = jnp.ones((batch,), jnp.int32)
-        keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(batch, dtype=jnp.uint32))
-        state = State(
-            tokens=jnp.zeros((batch, spec.cache_len), jnp.int32),
-            logprobs=jnp.zeros((batch, spec.cache_len), jnp.float32),
-            length=ones,
-            prompt_len=ones,
-            max_new=ones,
-            done=jnp.ones((batch,), bool),
-            finish=jnp.full((batch,), FINISH_PADDING, jnp.int32),
-            row_keys=keys,
-            eos=jnp.full((batch, eos_width), -1, jnp.int32),
-            sampling=SamplingParams.create(0.0, batch=batch),
-            **zero_counters(spec, batch),
-            target_cache=spec.target_init_cache(batch, spec.cache_len),
-            draft_state=spec.drafter.init_state(batch, spec.cache_len),
-        )
-        return constrain_state(spec, state)
-
-    if spec.mesh is None:
-        return jax.jit(make)
-    return jax.jit(make, out_shardings=state_shardings(spec, jax.eval_shape(make)))
+resize_program = Program(resize)

@@ -36,6 +36,9 @@ class LoopSpec:
       acceptance: the rejection sampler that decides each round.
       mesh: None (one device), or a mesh: per-row arrays split over ``"data"``, caches by
         ``sharding.CACHE_AXES`` (the caller places the weights).
+      prefill_chunk: the prefill reads prompts in chunks of this many positions, as many chunks as the longest
+        prompt needs (a traced count), so no compiled program depends on the prompts' lengths; 0 (the default):
+        ``default_chunk(cache_len)``.
     """
 
     target_apply: Callable
@@ -46,10 +49,27 @@ class LoopSpec:
     vocab_size: int
     acceptance: RejectionSampler = RejectionSampler()
     mesh: Mesh | None = None
+    prefill_chunk: int = 0
 
     def __post_init__(self):
         if self.gamma == 0 and not isinstance(self.drafter, NoDraft):
             raise ValueError(f"LoopSpec: gamma=0 is plain decoding; drafter must be NoDraft(), got {self.drafter!r}")
+        chunk = self.prefill_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+            raise ValueError(f"LoopSpec: prefill_chunk must be an int >= 0 (0: the default), got {chunk!r}")
+        if chunk == 0:
+            object.__setattr__(self, "prefill_chunk", default_chunk(self.cache_len))
+
+    def prefill_chunks(self, longest: int) -> int:
+        """How many chunks the prefill runs for a longest prompt of ``longest`` tokens."""
+        return -(-max(1, longest) // self.prefill_chunk)
+
+
+def default_chunk(cache_len: int) -> int:
+    """The prefill's chunk for a cache of ``cache_len`` positions: an eighth of it, at least 32 and at most all of
+    it. 32 positions cost about as much per token as any wider pass of a small model on a CPU, while a long cache
+    (long prompts, an accelerator) gets wide chunks; the padding past the longest prompt is under a chunk."""
+    return min(cache_len, max(32, cache_len // 8))
 
 
 @jax.tree_util.register_dataclass
@@ -58,7 +78,8 @@ class LoopInputs:
     """The traced inputs of one generation (a pytree; new values of the same shapes do not recompile).
 
     Attributes:
-      prompt: ``[B, T] int32`` prompts, right-padded (any value) to a bucketed length ``T <= cache_len``.
+      prompt: ``[B, T] int32`` prompts, right-padded (any value) to a length ``T <= cache_len`` (``generate`` and
+        the engine pad to ``cache_len``, so the programs' shapes do not depend on the prompts).
       prompt_len: ``[B] int32`` real prompt lengths, ``1 <= prompt_len <= T``.
       max_new: ``[B] int32`` most tokens to generate per row.
       active: ``[B] bool``; False marks batch padding (such a row starts done, finish ``FINISH_PADDING``).

@@ -297,7 +297,13 @@ def test_continuous_flags_and_pool():
     assert (smol.slots, smol.pool, smol.max_new_tokens) == ([1, 4, 16], 32, 32)
     quick = parse_args(["--quick", "--continuous", "--temperatures", "0,1"])
     assert (quick.pair, quick.slots, quick.pool, quick.temperatures) == ("aligned", [1, 4], 8, [0.0, 1.0])
-    for bad in (["--continuous", "--continuous-modes", "cont-magic"], ["--pair", "smollm2"]):
+    sizing = parse_args(["--continuous", "--requests", "1,3,16,64"])  # the engine's sizing: 16 slots, 64 tokens
+    assert (sizing.requests, sizing.slots, sizing.max_new_tokens) == ([1, 3, 16, 64], [16], 64)
+    for bad in (
+        ["--continuous", "--continuous-modes", "cont-magic"],
+        ["--pair", "smollm2"],
+        ["--continuous", "--requests", "0"],
+    ):
         with pytest.raises(SystemExit):
             parse_args(bad)
     budgets = mixed_lengths(1000, 128, seed=0)

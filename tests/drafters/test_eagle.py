@@ -302,6 +302,38 @@ def test_first_draft_is_the_heads_prediction_from_real_features(target, head):
         length += accepted + 1
 
 
+def test_a_heads_prefill_in_chunks_writes_the_pairs_of_one_pass(target, head):
+    """The loop hands a head the prompt in chunks (each after ``observe`` of its features): its cache holds, at
+    every pair ``(f_j, token j+1)`` of the prompt, the entry of one teacher-forced pass over the whole prompt, the
+    pairs across a chunk boundary included."""
+    seq = jnp.asarray([[7, 3, 9, 12, 40, 41, 5, 6, 88, 2, 17, 23, 54, 33, 60, 61, 62, 9, 9, 1, 4, 8]])
+    n, size, chunk = seq.shape[1], 32, 8
+    positions = jnp.arange(n)[None]
+    _, feats, _ = llama.features_fn(target.config)(target.params, seq, positions, target.init_cache(1, size))
+    apply_fn, init_cache = eagle_model.head_fns(head.config)
+    following = jnp.concatenate([seq[:, 1:], seq[:, -1:]], axis=1)
+    _, _, expected = apply_fn(head.params, following, feats, positions, init_cache(1, size))
+
+    def within_chunk(params, prompt, pos, state):  # negative control: pairs (f_j, token j+1) inside the chunk only
+        pairs = jnp.concatenate([prompt[:, 1:], prompt[:, -1:]], axis=1)
+        _, _, cache = apply_fn(params, pairs, state.feats[:, pos[0]], pos, state.cache)
+        return dataclasses.replace(state, cache=cache)
+
+    def errors(prefill):
+        state, observe, prefill = head.init_state(1, size), jax.jit(head.observe), jax.jit(prefill)
+        for start in range(0, n, chunk):
+            part = slice(start, min(n, start + chunk))
+            state = observe(state, feats[:, part], positions[:, part])
+            state = prefill(head.params, seq[:, part], positions[:, part], state)
+        return [
+            float(np.abs(np.asarray(got)[:, :, : n - 1] - np.asarray(want)[:, :, : n - 1]).max())
+            for got, want in zip(jax.tree.leaves(state.cache), jax.tree.leaves(expected))
+        ]
+
+    assert max(errors(head.prefill)) < 1e-5
+    assert max(errors(within_chunk)) > 1e-3  # the pair across each chunk boundary is wrong
+
+
 @pytest.mark.parametrize("catch_up", [True, False])
 def test_a_head_catches_up_on_rounds_longer_than_its_own(target, head, catch_up):
     """Under ``LookupFirst`` a round may verify up to Γ = 4 copied drafts while the head drafts γ = 2: its next

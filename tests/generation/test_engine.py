@@ -143,14 +143,23 @@ def test_queued_straggler_counts_only_rounds_while_requests_wait(target):
 
 
 def test_no_recompilation_across_refills_and_runs(target, perturbed_draft):
-    """Refills compile once per (rows, prompt) bucket, not per refill; a later run whose requests differ only in
-    values (prompt ids, seeds, temperature, top-k, top-p) compiles nothing."""
+    """Programs compile once per batch (prefill of k rows, rounds at B) or pair of batches (insert, resize), never
+    per refill; a later run whose requests differ only in values (prompt ids, seeds, temperature, top-k, top-p)
+    compiles nothing."""
     engine = Engine(target, draft=perturbed_draft, gamma=GAMMA, slots=4, max_length=S, temperature=0.0)
     with count_compiles() as counts:
         run = engine.run(requests_of(12, seed=6))
         assert len(list(run)) == 12
-    # the idle state, the rounds program and refills of at most 3 row buckets (4, 2, 1): fewer than the refills
-    assert counts["compiles"] <= 5 < run.stats.refills + 1
+    stats = run.stats
+    widths = engine.widths
+    assert widths == (1, 2, 4)
+    allowed = {f"{p}[{w}]" for p in ("prefill", "rounds") for w in widths}
+    allowed |= {f"insert[{w}<-{k}]" for w in widths for k in widths if k <= w}
+    allowed |= {f"resize[{a}->{b}]" for a in widths for b in widths if a != b}
+    assert set(stats.compiles) <= allowed, stats.compiles
+    # each of those programs compiled at most once (one another test compiled already comes back from jax's own
+    # cache: no backend compile), and fewer of them than the program calls
+    assert counts["compiles"] <= len(stats.compiles) < stats.refills + stats.resizes + stats.syncs
     plain = Engine(target, slots=4, max_length=S, temperature=0.0)
     reqs = requests_of(9, seed=7)
     list(plain.run(reqs))
@@ -218,11 +227,11 @@ def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturb
     policy = jaxspec.policy.AutoGamma(gammas=(GAMMA,), margin=0.0)  # speculate whatever this machine's timings
     policy.set_alpha(target, perturbed_draft, True, 0.97)
     reqs = requests_of(7, seed=3)
-    compiled = []  # the (spec, argument signature) of every rounds program lowered for a compile
+    compiled = []  # the (spec, argument signature, batch) of every rounds program lowered for a compile
     lower = loop.rounds_program.lower
 
     def recording_lower(spec, *args):
-        compiled.append((spec, programs._signature(args)))
+        compiled.append((spec, programs._signature(args), args[2].done.shape[0]))
         return lower(spec, *args)
 
     monkeypatch.setattr(loop.rounds_program, "lower", recording_lower)
@@ -230,11 +239,72 @@ def test_auto_gamma_compiles_only_its_loop_and_learns_its_rounds(target, perturb
     run = Engine(target, draft=perturbed_draft, gamma="auto", policy=policy, **kw).run(reqs)
     got = {r.index: r.tokens for r in run}
     assert run.stats.gamma == run.stats.policy["gamma"] == GAMMA
-    # one loop program; the same one compiled again counts once (a long test process can reach the bounds on kept
+    # the loop program of the chosen γ, at each batch the run decoded at (5, then fewer as rows finish), and no
+    # other; the same one compiled again counts once (a long test process can reach the bounds on kept
     # executables, jaxspec.loop.executables, which release least recently used ones: time, never a wrong result)
-    assert len(set(compiled)) == 1, (len(compiled), [k[0].gamma for k in compiled], executables.map_pressure())
+    assert {spec.gamma for spec, *_ in compiled} == {GAMMA}, (len(compiled), executables.map_pressure())
+    batches = [batch for *_, batch in compiled]
+    assert 5 in batches and set(batches) <= set(run.stats.widths)
+    assert len(set(compiled)) == len(set(batches))  # one program per batch
     assert got == {r.index: r.tokens for r in Engine(target, **kw).run(reqs)}
     seen = policy.observed_rounds(target, perturbed_draft, 5, S)
     assert set(seen) == {GAMMA} and seen[GAMMA] > 0
     # set_alpha's 10 000 drafts aged by one decision (half-life 8 calls), plus the run's own
     assert policy.alpha(target, perturbed_draft, True)[1] == round(10_000 * 0.5 ** (1 / 8) + run.stats.drafted)
+
+
+def test_the_loop_runs_at_the_smallest_batch_holding_the_rows(target, perturbed_draft, monkeypatch):
+    """Three requests on 16 slots decode as a batch of 4; as rows finish and nothing waits the rows left move to
+    batches of 2 and 1 (every rounds call runs at the smallest width holding its running rows). The rows are
+    generate's, and a second run of other prompts (other lengths, other prefill chunk counts) compiles nothing."""
+    from jaxspec import loop
+
+    calls = []  # (batch, running rows) of every rounds-program call
+    rounds_program = loop.rounds_program
+
+    def recording(spec, tparams, dparams, state, *args):
+        calls.append((state.done.shape[0], int(np.sum(~np.asarray(state.done)))))
+        return rounds_program(spec, tparams, dparams, state, *args)
+
+    monkeypatch.setattr(loop, "rounds_program", recording)
+    engine = Engine(target, draft=perturbed_draft, gamma=GAMMA, slots=16, max_length=S, temperature=0.0)
+    assert engine.widths == (1, 2, 4, 8, 16) and engine.width(3) == 4
+    rng = np.random.default_rng(11)
+    # rows that cannot finish in the same round: at most 2, at least 3 (10 / (γ + 1)) and at least 12 rounds
+    reqs = [dict(prompt=rng.integers(0, VOCAB, n).tolist(), max_new_tokens=m) for n, m in ((3, 2), (40, 10), (7, 45))]
+    run = engine.run(reqs)
+    got = {r.index: r for r in run}
+    for i, req in enumerate(reqs):
+        assert got[i].tokens == alone(target, perturbed_draft, req, temperature=0.0).tokens[0], i
+    assert calls[0] == (4, 3) and calls[-1] == (1, 1)
+    assert all(batch == engine.width(running) for batch, running in calls), calls
+    assert {batch for batch, _ in calls} == set(run.stats.widths) == {4, 2, 1}
+    assert run.stats.resizes == 2 and run.stats.slot_rounds == sum(w * n for w, n in run.stats.widths.items())
+    assert run.stats.occupancy > 0.5  # at 16 slots it would be under 3/16
+    other = [dict(prompt=rng.integers(0, VOCAB, n).tolist(), max_new_tokens=m) for n, m in ((50, 2), (2, 10), (15, 45))]
+    with count_compiles() as counts:
+        assert len(list(engine.run(other))) == 3
+    assert counts["compiles"] == 0
+
+
+def test_string_requests_get_the_chat_template(target):
+    """``chat`` defaults to on when the tokenizer has a chat template, in the engine as in ``generate``: a string
+    request decodes as its templated ids; ``chat=False`` encodes the text alone."""
+    from helpers import tiny_hf_tokenizer
+
+    tok = tiny_hf_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}<eos>{{ m['content'] }}<eos>{% endfor %}{% if add_generation_prompt %}def{% endif %}"
+    )
+    model = target.replace(tokenizer=tok)
+    kw = dict(slots=2, max_length=S, temperature=0.0, max_new_tokens=6)
+    templated, raw = tok.encode("<eos>x + 1<eos>def"), tok.encode("x + 1")
+    assert templated != raw
+    ids = {r.index: r.tokens for r in Engine(model, **kw).run([templated, raw])}
+    chat = {r.index: r.tokens for r in Engine(model, **kw).run(["x + 1", {"prompt": "x + 1"}])}
+    assert chat == {0: ids[0], 1: ids[0]}
+    plain = next(iter(Engine(model, chat=False, **kw).run(["x + 1"])))
+    assert plain.tokens == ids[1]
+    assert jaxspec.generate(model, ["x + 1"], max_length=S, temperature=0.0, max_new_tokens=6).tokens == [ids[0]]
+    with pytest.raises(ValueError, match="chat"):
+        Engine(model, chat="yes")

@@ -51,6 +51,40 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new was compiled and written
 
 
+# Runs in a fresh process with no cache chosen: one generate call on a tiny model (argv[1] "off": after
+# enable_compilation_cache(False)), then, with argv[2], an explicit directory and a call of another shape; prints
+# the directory in use after the first call.
+DEFAULT_SNIPPET = """
+import json, sys
+import jaxspec
+from jaxspec.loop import compile_cache
+from jaxspec.models import llama
+if sys.argv[1] == "off":
+    jaxspec.enable_compilation_cache(False)
+cfg = llama.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+target = llama.init(cfg, seed=0)
+jaxspec.generate(target, [[1, 2, 3]], max_new_tokens=2)
+where = compile_cache.use_default()
+if len(sys.argv) > 2:
+    assert jaxspec.enable_compilation_cache(sys.argv[2]) is not None
+    jaxspec.generate(target, [[1, 2, 3]], max_new_tokens=2, max_length=128)
+print(json.dumps({"dir": None if where is None else str(where)}))
+"""
+
+
+def test_the_python_api_turns_it_on_by_default(tmp_path):
+    """generate turns the cache on at the default directory when the process chose nothing; an explicit
+    directory then replaces that default; enable_compilation_cache(False) keeps it off."""
+    env = {**_env(), "JAXSPEC_CACHE": str(tmp_path / "root")}
+    mine = tmp_path / "mine"
+    out = json.loads(_run("-c", DEFAULT_SNIPPET, "default", str(mine), env=env).stdout.strip().splitlines()[-1])
+    assert out["dir"] == str(tmp_path / "root" / "xla") and any((tmp_path / "root" / "xla").iterdir())
+    assert any(mine.iterdir())
+    env = {**_env(), "JAXSPEC_CACHE": str(tmp_path / "root2")}
+    out = json.loads(_run("-c", DEFAULT_SNIPPET, "off", env=env).stdout.strip().splitlines()[-1])
+    assert out["dir"] is None and not (tmp_path / "root2" / "xla").exists()
+
+
 def test_the_cli_turns_it_on_from_the_environment(tmp_path):
     cache = tmp_path / "cli-xla"
     env = {**_env(), compile_cache.ENV: str(cache)}
@@ -69,6 +103,7 @@ def test_default_directory(monkeypatch, tmp_path):
         monkeypatch.setenv(compile_cache.ENV, off)
         assert compile_cache.default_directory() is None
         assert compile_cache.enable_compilation_cache() is None  # the default says off: nothing is turned on
+        assert compile_cache.use_default() is None  # nor by default
 
 
 def test_bad_arguments_are_clear_errors(tmp_path):

@@ -1,11 +1,16 @@
 """Engine behaviour: greedy equality with plain decoding, draft bookkeeping, ragged stopping, seeds, no recompiles."""
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import count_compiles
 
 import jaxspec
+from jaxspec import loop
+from jaxspec.generation.generate import prepare
 
 MAX_NEW = 40
 EOS = 7
@@ -163,3 +168,38 @@ def test_no_recompilation_for_new_prompts_seed_temperature(target, small_draft, 
             )
     assert counts["compiles"] == 0 and counts["traces"] == 0, counts
     assert jaxspec.loop.generate_program.compiles == before
+
+
+@pytest.mark.parametrize("drafter", ["plain", "model"])
+def test_chunked_prefill_writes_the_entries_of_one_pass(target, small_draft, drafter):
+    """The prefill reads prompts in chunks (here of 8 positions: prompts of 3 to 30 tokens take 1 to 4 chunks, as
+    many as the longest needs): every cache entry of a prompt position, the target's and a draft model's, is the
+    one a single pass over the whole prompt writes."""
+    draft = small_draft if drafter == "model" else None
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 96, n).tolist() for n in (3, 30, 17, 8)]
+    prep = prepare(target, prompts, draft=draft, gamma=2, max_length=48, temperature=0.0)
+    spec = dataclasses.replace(prep.spec, prefill_chunk=8)
+    tparams, dparams = prep.placed_params()
+    state = jax.jit(loop.prefill, static_argnums=0)(spec, tparams, dparams, prep.inputs)
+    tokens = jnp.asarray([p + [0] * (30 - len(p)) for p in prompts])
+    positions = jnp.broadcast_to(jnp.arange(30), tokens.shape)
+    models = [(target, state.target_cache)] + ([(small_draft, state.draft_state)] if draft else [])
+    for model, got in models:
+        _, want = jax.jit(model.apply_fn)(model.params, tokens, positions, model.init_cache(4, 48))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            for row, p in enumerate(prompts):  # [layers, B, S, ...]: the row's prompt positions
+                np.testing.assert_allclose(np.asarray(a)[:, row, : len(p)], np.asarray(b)[:, row, : len(p)], atol=1e-5)
+    assert np.asarray(state.tokens)[1, :30].tolist() == prompts[1]
+
+
+def test_prompt_lengths_select_no_program(target):
+    """Prompts are padded to the cache and read in chunks whose count is traced: calls whose prompts need one or
+    two chunks of a cache of 64 (chunks of 32) run one compiled program."""
+    kw = dict(max_new_tokens=3, max_length=64, temperature=0.0)
+    jaxspec.generate(target, [[1, 2, 3]], **kw)
+    before = jaxspec.loop.generate_program.compiles
+    with count_compiles() as counts:
+        for n in (9, 33, 60):
+            assert len(jaxspec.generate(target, [list(range(n))], **kw).tokens[0]) >= 1
+    assert counts["compiles"] == 0 and jaxspec.loop.generate_program.compiles == before

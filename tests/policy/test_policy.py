@@ -255,8 +255,9 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
         tau = min(p["tau"][g], 20)
         costs = policy.costs(target, small_draft, 2, 64)
         assert costs.prefill_tokens == 32 and costs.target_prefill > 0
-        # both prefills timed over 32 prompt tokens, scaled to these prompts' padded 8
-        big, small = costs.target_prefill * 8 / 32, costs.prefill * 8 / 32
+        # both prefills timed over 32 prompt tokens, scaled to the positions the call's prefill reads: one chunk
+        # of 32 (a cache of 64)
+        big, small = costs.target_prefill * 32 / 32, costs.prefill * 32 / 32
         assert p["prefill"] == pytest.approx({"target": big, "draft": small})
         assert p["expected_speedup"][g] == pytest.approx((big + 20) / (big + small + 20 / tau * p["round_cost"][g]))
     plain = jaxspec.generate(target, prompts, max_new_tokens=20, temperature=0.0)
@@ -467,7 +468,8 @@ def test_target_prefill_is_extrapolated_then_taken_from_the_calls(target, small_
     assert per_token > 0
     second = jaxspec.generate(target, [[5, 6, 7]], **kw).stats.policy
     step_s = live.costs(target, small_draft, 1, 64).step_s
-    assert second["prefill"]["target"] == pytest.approx(per_token * 8 / step_s)  # the prompt's bucket: 8 tokens
+    # the positions the prefill reads: one chunk of 32 (a cache of 64)
+    assert second["prefill"]["target"] == pytest.approx(per_token * 32 / step_s)
     assert first["prefill"]["target"] != second["prefill"]["target"]
 
 
