@@ -26,9 +26,9 @@ from jaxspec import loop
 from jaxspec.core.model import CausalLM
 from jaxspec.core.sampling import SamplingParams
 from jaxspec.generation import inputs as inputs_lib
-from jaxspec.generation import results
+from jaxspec.generation import regamma, results
 from jaxspec.generation.config import GenerationConfig
-from jaxspec.generation.generate import choose_gamma, mesh_key
+from jaxspec.generation.generate import choose_gamma
 from jaxspec.generation.request import Request, is_int, make_request, tokenize
 from jaxspec.generation.results import FINISH_REASONS, RowStats
 from jaxspec.loop import slots
@@ -264,11 +264,13 @@ class EngineRun:
         self.decision = decision
         self.spec = inputs_lib.loop_spec(request, self.cache_len, gamma)
         self.drafter = request.drafter if gamma > 0 else None
+        # gamma="auto": the hook that re-decides γ between decode calls (jaxspec.generation.regamma)
+        self.auto = None if decision is None else regamma.Regamma(request, shape, decision, self.policy)
         self.stats = EngineStats(
             slots=engine.slots,
             gamma=gamma,
             cache_length=self.cache_len,
-            policy=None if decision is None else decision.as_dict(),
+            policy=None if self.auto is None else self.auto.summary(),
         )
 
     def __iter__(self) -> Iterator[RowResult]:
@@ -285,9 +287,13 @@ class EngineRun:
         state = slots.empty_state(spec, width, self.eos_width)
         never = inputs_lib.replicated_scalar(spec.mesh, _NEVER)
         length, rounds = np.ones(width, np.int64), np.zeros(width, np.int64)
-        rows_hist, row_stats = [], []
+        rows_hist: list[tuple[int, ...]] = []
+        row_stats: list[RowStats] = []
         while queue or any(o >= 0 for o in occupant):
             free = [b for b in range(width) if occupant[b] < 0]
+            if queue and free and self.auto is not None:  # gamma="auto": γ may change before this refill
+                state, dparams = self.auto.between(self, state, dparams, rows_hist)
+                spec = self.spec
             if queue and free:
                 take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 start = time.perf_counter()
@@ -427,29 +433,7 @@ class EngineRun:
         )
 
     def _observe(self, hists, row_stats) -> None:
-        """With ``gamma="auto"``, feed the loop's round time and the acceptance seen back into the policy (not a
+        """With ``gamma="auto"``, feed the last decode calls' round time and acceptance back into the policy (not a
         straggler factor: refilled slots do not wait for the slowest row)."""
-        if self.decision is None:
-            return
-        request, stats = self.batch.request, self.stats
-        assert self.policy is not None  # choose_gamma returns it with the decision
-        self.policy.observe_rounds(
-            request.target,
-            request.drafter,
-            stats.slots,
-            stats.cache_length,
-            stats.gamma,
-            stats.decode_time_s,
-            stats.rounds,
-            mesh_key(self.spec.mesh, request.shard_draft),
-        )
-        if not stats.drafted:
-            return
-        self.policy.observe(
-            request.target,
-            self.drafter,
-            request.greedy,
-            self.stats.accepted,
-            self.stats.drafted,
-            tuple(int(x) for x in np.sum(hists, axis=0)),
-        )
+        if self.auto is not None:
+            self.auto.close(self, hists)
