@@ -29,9 +29,9 @@ from jaxspec import loop
 from jaxspec.core.model import CausalLM
 from jaxspec.core.sampling import SamplingParams
 from jaxspec.generation import inputs as inputs_lib
-from jaxspec.generation import results
+from jaxspec.generation import regamma, results
 from jaxspec.generation.config import GenerationConfig
-from jaxspec.generation.generate import choose_gamma, mesh_key
+from jaxspec.generation.generate import choose_gamma
 from jaxspec.generation.request import Request, is_int, make_request, resolve_chat, tokenize
 from jaxspec.generation.results import FINISH_REASONS, RowStats
 from jaxspec.loop import compile_cache, slots
@@ -291,13 +291,15 @@ class EngineRun:
         self.decision = decision
         self.spec = inputs_lib.loop_spec(request, self.cache_len, gamma)
         self.drafter = request.drafter if gamma > 0 else None
+        # gamma="auto": the hook that re-decides γ between decode calls (jaxspec.generation.regamma)
+        self.auto = None if decision is None else regamma.Regamma(request, shape, decision, self.policy)
         self.stats = EngineStats(
             slots=engine.slots,
             gamma=gamma,
             cache_length=self.cache_len,
-            policy=None if decision is None else decision.as_dict(),
+            policy=None if self.auto is None else self.auto.summary(),
         )
-        self._decode_s: dict[int, float] = collections.defaultdict(float)  # batch -> decode seconds (the policy's)
+        self.decode_s: dict[int, float] = collections.defaultdict(float)  # batch width -> decode seconds (gamma="auto")
 
     def __iter__(self) -> Iterator[RowResult]:
         engine, request, spec = self.engine, self.batch.request, self.spec
@@ -314,7 +316,8 @@ class EngineRun:
         state = None
         never = inputs_lib.replicated_scalar(spec.mesh, _NEVER)
         length, rounds = np.ones(0, np.int64), np.zeros(0, np.int64)  # per slot, as last read from the device
-        rows_hist, row_stats = [], []
+        rows_hist: list[tuple[int, ...]] = []
+        row_stats: list[RowStats] = []
         while queue or any(o >= 0 for o in occupant):
             live = [b for b, o in enumerate(occupant) if o >= 0]
             width = engine.width(len(live) + len(queue))
@@ -333,6 +336,9 @@ class EngineRun:
             if state is None:
                 occupant = [-1] * width
             free = [b for b, o in enumerate(occupant) if o < 0]
+            if queue and free and state is not None and self.auto is not None:  # gamma="auto": γ may change here
+                state, dparams = self.auto.between(self, state, dparams, rows_hist, width)
+                spec = self.spec
             if queue and free:
                 take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 start = time.perf_counter()
@@ -356,7 +362,7 @@ class EngineRun:
             elapsed = time.perf_counter() - start - seconds
             stats.wall_time_s += elapsed
             stats.decode_time_s += elapsed
-            self._decode_s[width] += elapsed
+            self.decode_s[width] += elapsed
             stats.syncs += 1
             busy = [b for b in range(width) if occupant[b] >= 0]
             ran = int(np.max(rounds - before))
@@ -501,30 +507,7 @@ class EngineRun:
         )
 
     def _observe(self, hists, row_stats) -> None:
-        """With ``gamma="auto"``, feed the loop's round time at each batch it ran at and the acceptance seen back into
-        the policy (not a straggler factor: refilled slots do not wait for the slowest row)."""
-        if self.decision is None:
-            return
-        request, stats = self.batch.request, self.stats
-        assert self.policy is not None  # choose_gamma returns it with the decision
-        for width, seconds in self._decode_s.items():
-            self.policy.observe_rounds(
-                request.target,
-                request.drafter,
-                width,
-                stats.cache_length,
-                stats.gamma,
-                seconds,
-                stats.widths.get(width, 0),
-                mesh_key(self.spec.mesh, request.shard_draft),
-            )
-        if not stats.drafted:
-            return
-        self.policy.observe(
-            request.target,
-            self.drafter,
-            request.greedy,
-            self.stats.accepted,
-            self.stats.drafted,
-            tuple(int(x) for x in np.sum(hists, axis=0)),
-        )
+        """With ``gamma="auto"``, feed the last decode calls' round time and acceptance back into the policy (not a
+        straggler factor: refilled slots do not wait for the slowest row)."""
+        if self.auto is not None:
+            self.auto.close(self, hists)

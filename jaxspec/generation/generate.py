@@ -184,30 +184,29 @@ def run(prep: Prepared) -> tuple[loop.State, float, float]:
                 (loop.rounds_program, prep.spec, tparams, dparams, state, limit, limit),
             ]
         )
+        fresh = compile_s > 0  # a program's first run pays one-time costs: the policy does not learn from it
         before = time.perf_counter()
         state, seconds = loop.prefill_program(prep.spec, tparams, dparams, prep.inputs)
         state = jax.block_until_ready(state)
         compile_s += seconds
-        key = mesh_key(prep.spec.mesh, prep.shard_draft)
-        assert prep.policy is not None  # prepare sets it with the decision
-        batch, prompt_tokens = prep.inputs.prompt.shape[0], prep.prompt_len
         prefill_s = time.perf_counter() - before - seconds
-        prep.policy.observe_prefill(
-            prep.target, prep.drafter, batch, prep.spec.cache_len, prep.spec.gamma, prompt_tokens, prefill_s, key
-        )
         before = time.perf_counter()
         state, seconds = loop.rounds_program(prep.spec, tparams, dparams, state, limit, limit)
         rounds = int(np.max(sharding.to_host(state.rounds)))
+        rounds_s = time.perf_counter() - before - seconds
         compile_s += seconds
-        prep.policy.observe_rounds(
+        assert prep.policy is not None  # prepare sets it with the decision
+        batch, prompt_tokens = prep.inputs.prompt.shape[0], prep.prompt_len  # the positions the prefill reads
+        prep.policy.observe_call(  # may time the policy's load reference: part of the call's time
             prep.target,
             prep.drafter,
             batch,
             prep.spec.cache_len,
             prep.spec.gamma,
-            time.perf_counter() - before - seconds,
-            rounds,
-            key,
+            prefill=(prompt_tokens, prefill_s),
+            rounds=(rounds_s, rounds),
+            fresh=fresh or seconds > 0,
+            mesh_key=mesh_key(prep.spec.mesh, prep.shard_draft),
         )
     state = jax.block_until_ready(state)
     return state, time.perf_counter() - start - compile_s, compile_s

@@ -1,16 +1,22 @@
 """``gamma="auto"``: speculate with the γ that maximizes the expected speed-up (``jaxspec.policy.cost``), or decode
-plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.1).
+plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.05).
 
 ``AutoGamma`` keeps, per model pair:
 
   * the measured ``Costs`` per (batch bucket, cache bucket, mesh), timed once from standalone model steps
     (``jaxspec.policy.timing``; with ``calibrate="loops"``, every candidate loop is compiled and timed too) and
-    kept on disk for later processes when ``keep_costs`` says where (``jaxspec.policy.store``);
+    kept on disk for later processes when ``keep_costs`` says where (``jaxspec.policy.store``), with a load
+    reference (``timing.Reference``: one small step timed with them);
   * per (batch bucket, cache bucket, mesh) and γ, the seconds per round that the calls' own loops took
-    (``observe_rounds``), from which r(γ) is taken once a call has run that γ (``cost.round_costs``). So a first
-    call compiles no loop but the one it runs;
+    (``observe_call``), from which r(γ) is taken once a call has run that γ (``cost.round_costs``). So a first
+    call compiles no loop but the one it runs. Each call's seconds are scaled by the load reference timed right
+    after its loop, so that rounds and plain steps timed in different calls compare as if timed side by side on a
+    machine whose other work comes and goes; r(γ) is the low median of the last ``KEEP`` calls, so one call slowed
+    by a burst of other work does not move it; a call that compiled its programs is not recorded (a program's
+    first run pays one-time costs). The reference is timed after the first ``REFERENCED`` calls of a γ, then after
+    every ``REFERENCE_EVERY``-th; the calls in between record nothing;
   * per (batch bucket, cache bucket, mesh), the target's prefill seconds per prompt token that the calls measured
-    (``observe_prefill``), which replace the first estimate (extrapolated from the target's timed passes);
+    (scaled and kept alike), which replace the first estimate (extrapolated from the target's timed passes);
   * per greedy/sampled mode, an ``Acceptance``: acceptance by draft position, a_i = P(draft i accepted | drafts
     1..i−1 accepted), counted from the accept-length histograms of earlier calls with a Beta prior of
     ``prior_alpha`` weighing ``prior_drafts`` drafts (a position never reached yet borrows the estimate of the
@@ -18,10 +24,24 @@ plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.1
     estimate follows a changing workload and the prior regains weight;
   * per mode and batch bucket, a ``BatchState``: the straggler factor s = passes × τ ÷ (longest row's tokens),
     summed over earlier calls (τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call), and the run of
-    plain decisions. After ``explore_after`` plain decisions in a row (8), if speculation would pay at the
-    optimistic acceptance max(a_i, ``prior_alpha``), one call *probes* with that γ (``Decision.probe``) to measure
-    the acceptance again; a probe that does not bring speculation back doubles the wait before the next one
-    (8, 16, 32, ... calls). A batch bucket where even the optimistic acceptance cannot pay never probes.
+    plain decisions.
+
+Probing. The prior is a guess, not a measurement: a call for a pair whose acceptance was never measured (greedy and
+sampled apart) *probes* (``Decision.probe``) with the γ best at the prior, as long as some γ would clear the margin
+at the optimistic acceptance ``probe_alpha`` (0.8) at every position; its acceptance then decides the next call.
+After ``explore_after`` plain decisions in a row (8), a probe the same way measures the acceptance again; a probe
+that does not bring speculation back doubles the wait before the next one (8, 16, 32, ... calls). A batch bucket
+where even the optimistic acceptance cannot pay never probes.
+
+The margin. Speculation is chosen when its expected speed-up is at least ``margin``. Below it, plain decoding gives
+up at most a factor ``margin`` against a γ whose estimate is right, and above it a γ whose costs or acceptance were
+overestimated by less than ``margin`` − 1 still does not lose to plain: 1.05 keeps auto within 0.95× of both the
+best γ and plain decoding for estimates within 5 %. Both bounds are the goal ``gamma="auto"`` is measured against
+(docs/history/gamma-auto.md); a larger margin would leave more of a real gain on the table, a smaller one would
+follow noise in the estimates.
+
+Inside an engine run, ``decide(running=γ)`` re-decides at refills (``jaxspec.generation.regamma``): another γ when
+expected ``SWITCH_GAIN`` times as fast, plain decoding when the running γ is expected to be slower than plain.
 
 Models are told apart by name, forward function and the identity of their weights; a drafter without a model
 (prompt lookup) by itself.
@@ -29,8 +49,10 @@ Models are told apart by name, forward function and the identity of their weight
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
+import statistics
 from typing import cast
 
 import jax
@@ -45,6 +67,14 @@ from jaxspec.policy.cost import (
     position_counts,
     round_costs,
 )
+
+KEEP = 16  # calls whose timings are kept per (shapes, γ): r(γ) and the prefill are their low medians
+REFERENCED = 3  # a (shapes, γ) times the load reference after each call until this many calls are recorded,
+REFERENCE_EVERY = 8  # then after every REFERENCE_EVERY-th call
+# A run's re-decision (``AutoGamma.decide(running=...)``) moves to another γ only when it is expected this much faster:
+# each change converts the run's state (compiling the conversion and the new loop on first use) and restarts the
+# in-flight rows' accept histograms, which a flip between two nearly equal γ would pay for nothing.
+SWITCH_GAIN = 1.02
 
 
 @dataclasses.dataclass
@@ -133,17 +163,21 @@ class AutoGamma:
 
     Attributes:
       gammas: the candidate γ, sorted (γ = 0, plain decoding, is always a candidate).
-      prior_alpha: the prior acceptance per position, and the optimistic floor of a probe.
+      prior_alpha: the prior acceptance per position.
       prior_drafts: the prior's weight in drafts.
-      margin: the least expected speed-up worth speculating for.
+      margin: the least expected speed-up worth speculating for (see the module docstring).
       half_life: calls after which the acceptance counts weigh half (None: never forget).
-      explore_after: plain decisions in a row before the first probe (None: never probe).
+      explore_after: plain decisions in a row before a probe measures the acceptance again (None: never probe, not
+        even a pair never measured, which the prior then decides alone).
       calibrate: ``"steps"`` (default): the first call of a shape times standalone model steps only (a few small
         programs) and rounds are learned from the calls themselves; ``"loops"``: it also compiles and times every
         candidate loop (more exact first decisions, at several loop compiles).
       keep_costs: where measured costs are kept across processes (``jaxspec.policy.store``), so a later process
         skips the timing: True (default): beside the compilation cache when one is on (the CLI's default, or
         ``jaxspec.enable_compilation_cache()``), else nowhere; False: nowhere; a directory: there.
+      probe_alpha: the acceptance at every position at which speculation must be able to clear the margin for a
+        probe to run: what a good drafter reaches, so a pair that could pay is measured and a batch where none
+        could is not.
     """
 
     def __init__(
@@ -151,11 +185,12 @@ class AutoGamma:
         gammas=GAMMAS,
         prior_alpha: float = 0.6,
         prior_drafts: int = 20,
-        margin: float = 1.1,
+        margin: float = 1.05,
         half_life: float | None = 8.0,
         explore_after: int | None = 8,
         calibrate: str = "steps",
         keep_costs: bool | str | os.PathLike = True,
+        probe_alpha: float = 0.8,
     ):
         if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
             raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
@@ -167,6 +202,9 @@ class AutoGamma:
             raise ValueError(f"calibrate must be 'steps' or 'loops', got {calibrate!r}")
         if not isinstance(keep_costs, (bool, str, os.PathLike)) or keep_costs == "":
             raise ValueError(f"keep_costs must be True, False or a directory, got {keep_costs!r}")
+        if not isinstance(probe_alpha, (int, float)) or not 0 < probe_alpha <= 1:
+            raise ValueError(f"probe_alpha must be a number in (0, 1], got {probe_alpha!r}")
+        self.probe_alpha = float(probe_alpha)
         self.keep_costs = keep_costs
         self.calibrate = calibrate
         self.gammas = tuple(sorted(set(gammas)))
@@ -175,8 +213,11 @@ class AutoGamma:
         self._costs: dict[tuple, Costs] = {}  # (target, draft, batch, cache_len, mesh_key) -> Costs
         self._acceptance: dict[tuple, Acceptance] = {}  # (target, draft, greedy) -> counts
         self._batches: dict[tuple, BatchState] = {}  # (target, draft, greedy, batch) -> straggling, plain streak
-        self._rounds: dict[tuple, dict] = {}  # costs key -> {γ: [seconds, rounds]} of the calls' own loops
-        self._prefills: dict[tuple, list] = {}  # costs key -> [target prefill seconds, prompt tokens] of the calls
+        # costs key -> {γ: the last KEEP calls' seconds per round}, scaled to the load the costs were timed under
+        self._rounds: dict[tuple, dict[int, collections.deque]] = {}
+        self._prefills: dict[tuple, collections.deque] = {}  # costs key -> prefill seconds per prompt token, scaled
+        self._unreferenced: dict[tuple, int] = {}  # (costs key, γ) -> calls since the last one timed with a reference
+        self._references: dict[tuple, timing.Reference] = {}  # costs key -> its load reference
 
     def costs(self, target, draft, batch: int, cache_len: int, round_timer=None, mesh_key=None) -> Costs:
         """Measured once per key and cached (``timing.measure_costs``). ``round_timer(gammas)``: seconds per in-loop
@@ -188,11 +229,76 @@ class AutoGamma:
             costs = None if path is None else store.load(path, self.gammas)
             if costs is None:
                 timer = round_timer if self.calibrate == "loops" else None
-                costs = timing.measure_costs(target, draft, batch, cache_len, self.gammas, timer)
+                reference = timing.Reference(target, batch, cache_len)
+                costs = timing.measure_costs(target, draft, batch, cache_len, self.gammas, timer, reference=reference)
                 if path is not None:
                     store.save(path, costs)
+            else:  # kept by an earlier process: its reference is compiled now, before the call runs
+                reference = timing.Reference(target, batch, cache_len)
+                reference.compile()
+            self._references[key] = reference
             self._costs[key] = costs
         return self._costs[key]
+
+    def reference_seconds(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> float:
+        """The load reference of these costs timed now (``timing.Reference``)."""
+        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        if key not in self._references:
+            self._references[key] = timing.Reference(target, batch, cache_len)
+        return self._references[key].time()
+
+    def wants_reference(self, target, draft, batch: int, cache_len: int, gamma: int, mesh_key=None) -> bool:
+        """Whether a call of ``gamma`` at these shapes should time the load reference after its loop and record its
+        timings (``observe_call``): while fewer than ``REFERENCED`` of its calls are recorded, and then every
+        ``REFERENCE_EVERY``-th call (a round's cost relative to a plain step barely changes, so a few calls fix it
+        and the later ones only follow a slow drift). Costs without a reference (``set_costs``) record every call
+        unscaled."""
+        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        costs = self._costs.get(key)
+        if costs is None:
+            return False
+        if not costs.reference_s:
+            return True
+        kept = self._rounds.get(key, {}).get(int(gamma), ())
+        return len(kept) < REFERENCED or self._unreferenced.get((key, int(gamma)), 0) + 1 >= REFERENCE_EVERY
+
+    def observe_call(
+        self,
+        target,
+        draft,
+        batch: int,
+        cache_len: int,
+        gamma: int,
+        *,
+        prefill: tuple[int, float] | None = None,
+        rounds: tuple[float, int] | None = None,
+        fresh: bool = False,
+        mesh_key=None,
+    ) -> bool:
+        """Record a call's own timings: ``prefill`` = (padded prompt tokens per row, seconds), ``rounds`` = (seconds,
+        rounds) of its loop of ``gamma`` (device time, compilation excluded). ``fresh``: the call compiled its
+        programs, whose first run pays one-time costs (page faults, allocations): its timings are not recorded.
+        Otherwise, when ``wants_reference``, the load reference is timed now and both timings are recorded scaled
+        by it (``observe_prefill``, ``observe_rounds``). Returns whether they were recorded."""
+        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        if fresh or not self.wants_reference(target, draft, batch, cache_len, gamma, mesh_key):
+            self._unreferenced[(key, int(gamma))] = self._unreferenced.get((key, int(gamma)), 0) + 1
+            return False
+        self._unreferenced[(key, int(gamma))] = 0
+        costs = self._costs[key]
+        reference_s = self.reference_seconds(target, draft, batch, cache_len, mesh_key) if costs.reference_s else None
+        if prefill is not None:
+            self.observe_prefill(target, draft, batch, cache_len, gamma, *prefill, mesh_key, reference_s=reference_s)
+        if rounds is not None:
+            self.observe_rounds(target, draft, batch, cache_len, gamma, *rounds, mesh_key, reference_s=reference_s)
+        return True
+
+    def _scale(self, key, reference_s: float | None) -> float:
+        """Seconds measured when the reference took ``reference_s`` -> seconds under the costs' load."""
+        costs = self._costs.get(key)
+        if costs is None or not costs.reference_s or not reference_s or reference_s <= 0:
+            return 1.0
+        return costs.reference_s / reference_s
 
     def cost_path(self, target, draft, batch: int, cache_len: int, mesh_key=None):
         """The file where these costs are kept across processes (``keep_costs``), or None when they are not."""
@@ -204,15 +310,25 @@ class AutoGamma:
         return store.cost_path(directory, target, draft, batch, cache_len, mesh_key, self.gammas, self.calibrate)
 
     def observe_rounds(
-        self, target, draft, batch: int, cache_len: int, gamma: int, seconds: float, rounds: int, mesh_key=None
+        self,
+        target,
+        draft,
+        batch: int,
+        cache_len: int,
+        gamma: int,
+        seconds: float,
+        rounds: int,
+        mesh_key=None,
+        *,
+        reference_s: float | None = None,
     ) -> None:
         """Record that a call's loop of ``gamma`` (0: plain) ran ``rounds`` rounds in ``seconds`` (device time,
-        compilation and prefill excluded) at these shapes; later decisions take r(γ) from it."""
+        compilation and prefill excluded) at these shapes, while the load reference took ``reference_s`` (None: as
+        measured); later decisions take r(γ) from the median of the last ``KEEP`` calls of γ."""
         if rounds > 0 and seconds > 0:
             key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
-            total = self._rounds.setdefault(key, {}).setdefault(int(gamma), [0.0, 0])
-            total[0] += seconds
-            total[1] += rounds
+            kept = self._rounds.setdefault(key, {}).setdefault(int(gamma), collections.deque(maxlen=KEEP))
+            kept.append(seconds / rounds * self._scale(key, reference_s))
 
     def observe_prefill(
         self,
@@ -224,32 +340,35 @@ class AutoGamma:
         prompt_tokens: int,
         seconds: float,
         mesh_key=None,
+        *,
+        reference_s: float | None = None,
     ) -> None:
         """Record that a call's prefill over ``prompt_tokens`` (padded) prompt tokens per row took ``seconds``
         (device time, compilation excluded; with ``gamma`` > 0 the draft's prefill included, whose measured share
-        is taken off). Later decisions at these shapes take the target's prefill from these calls instead of the
-        estimate ``measure_costs`` extrapolated from the target's passes."""
+        is taken off) while the load reference took ``reference_s`` (None: as measured). Later decisions at these
+        shapes take the target's prefill from the median of these calls instead of the estimate ``measure_costs``
+        extrapolated from the target's passes."""
         key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
         costs = self._costs.get(key)
         if costs is None or not costs.step_s or prompt_tokens <= 0:
             return
+        seconds *= self._scale(key, reference_s)
         if gamma > 0:
             seconds -= costs.prefills(prompt_tokens)[1] * costs.step_s
         if seconds > 0:
-            total = self._prefills.setdefault(key, [0.0, 0])
-            total[0] += seconds
-            total[1] += prompt_tokens
+            self._prefills.setdefault(key, collections.deque(maxlen=KEEP)).append(seconds / prompt_tokens)
 
     def observed_prefill(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> float | None:
-        """Seconds of the target's prefill per (padded) prompt token, over the calls at these shapes
-        (``observe_prefill``); None before any."""
+        """Seconds of the target's prefill per (padded) prompt token, the median over the last ``KEEP`` calls at
+        these shapes (``observe_prefill``); None before any."""
         seen = self._prefills.get((_model_key(target), _model_key(draft), batch, cache_len, mesh_key))
-        return seen[0] / seen[1] if seen else None
+        return statistics.median_low(seen) if seen else None
 
     def observed_rounds(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> dict:
-        """γ -> mean seconds per round of the calls' own loops at these shapes (``observe_rounds``)."""
+        """γ -> seconds per round of the calls' own loops at these shapes (``observe_rounds``): the low median of the
+        last ``KEEP`` calls of each γ, so one call slowed by a burst of other work does not move it."""
         key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
-        return {g: s / n for g, (s, n) in self._rounds.get(key, {}).items()}
+        return {g: statistics.median_low(kept) for g, kept in self._rounds.get(key, {}).items() if kept}
 
     def set_costs(self, target, draft, batch: int, cache_len: int, costs: Costs, mesh_key=None) -> None:
         """Use ``costs`` instead of measuring them (tests, or figures measured elsewhere)."""
@@ -323,11 +442,19 @@ class AutoGamma:
         round_timer=None,
         mesh_key=None,
         prompt_tokens: int | None = None,
+        running: int | None = None,
     ) -> Decision:
         """Choose γ (0: plain decoding) for a call of ``batch`` rows (bucket), a cache of ``cache_len`` and
         ``new_tokens`` new tokens; ``prompt_tokens``: the call's padded prompt length, for the prefills (see
         ``Costs.prefills``). Measures the costs on first use of a key (``round_timer``, ``mesh_key``: see
-        ``costs``), and ages the pair's acceptance counts by one call."""
+        ``costs``), and ages the pair's acceptance counts by one call.
+
+        Without any acceptance measured for the pair (greedy and sampled apart) the call probes (``Decision.probe``)
+        with the γ best at the prior, if some γ would clear the margin at acceptance ``probe_alpha``: the prior alone
+        decides nothing. ``running``: the γ a run is decoding with, for a re-decision inside it (an engine's refill,
+        once its rows' acceptance is observed), which neither ages the counts nor probes: another γ replaces it when
+        expected ``SWITCH_GAIN`` times as fast, plain decoding when it is expected to be slower than plain (below
+        ``margin`` when that is under 1)."""
         costs = self.costs(target, draft, batch, cache_len, round_timer, mesh_key)
         target_prefill, draft_prefill = costs.prefills(prompt_tokens)
         per_token = self.observed_prefill(target, draft, batch, cache_len, mesh_key)
@@ -358,30 +485,51 @@ class AutoGamma:
         gains = speedups(positions)
         taus = {g: expected_tokens(positions, g) for g in self.gammas}
         best = max(gains, key=gains.get)
-        state = self._batch(target, draft, greedy, batch)
+        counts = self._acceptance.get(self._pair(target, draft, greedy))
+        measured = counts is not None and counts.drafted > 0
+        plain = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
         probe = False
-        if gains[best] >= self.margin:
+        if running:  # a re-decision within a run: no probe, no streak, no aging
+            floor = min(1.0, self.margin)  # leave for plain when expected slower than it (never at margin 0)
+            if gains[best] >= max(floor, SWITCH_GAIN * gains[running]):
+                chosen, reason = (
+                    best,
+                    f"γ={best} expected {gains[best]:.2f}× plain ({gains[running]:.2f}× at γ={running})",
+                )
+            elif gains[running] >= floor:
+                chosen, reason = running, f"γ={running} expected {gains[running]:.2f}× plain: kept"
+            else:
+                chosen, reason = 0, f"plain: γ={running} expected {gains[running]:.2f}× plain, best {gains[best]:.2f}×"
+        elif measured and gains[best] >= self.margin:
             reason = f"γ={best} expected {gains[best]:.2f}× plain"
             chosen = best
+            state = self._batch(target, draft, greedy, batch)
             state.plain_streak, state.probe_wait = 0, self.explore_after
         else:
-            reason = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
-            chosen = 0
+            state = self._batch(target, draft, greedy, batch)
+            reason, chosen = plain, 0
             wait = cast(int, state.probe_wait)  # an int while explore_after is one (it starts as explore_after)
-            if self.explore_after is not None and state.plain_streak >= wait:
-                hopeful = speedups(tuple(max(a, self.prior_alpha) for a in positions))
-                bet = max(hopeful, key=hopeful.get)
-                if hopeful[bet] >= self.margin:
-                    chosen, probe = bet, True
-                    reason = (
-                        f"probe: γ={bet} after {state.plain_streak} plain calls, to measure acceptance again (best "
-                        f"expected {gains[best]:.2f}× at the current estimate, {hopeful[bet]:.2f}× at "
-                        f"acceptance >= {self.prior_alpha})"
+            if self.explore_after is not None and (not measured or state.plain_streak >= wait):
+                hopeful = speedups(tuple(max(a, self.probe_alpha) for a in positions))
+                hope = max(hopeful.values())
+                if hope >= self.margin:  # speculation could pay: measure the acceptance with the best γ now
+                    chosen, probe = best, True
+                    why = (
+                        "no acceptance measured yet for this pair"
+                        if not measured
+                        else f"after {state.plain_streak} plain calls, to measure acceptance again"
                     )
-                    state.plain_streak, state.probe_wait = 0, 2 * wait
+                    reason = (
+                        f"probe: γ={best} {why} (expected {gains[best]:.2f}× at the current estimate, up to "
+                        f"{hope:.2f}× at acceptance >= {self.probe_alpha})"
+                    )
+                    state.plain_streak = 0
+                    if measured:  # a probe that does not bring speculation back doubles the wait
+                        state.probe_wait = 2 * wait
             if not probe:
                 state.plain_streak += 1
-        self._forget(self._pair(target, draft, greedy))
+        if not running:
+            self._forget(self._pair(target, draft, greedy))
         return Decision(
             chosen,
             alpha,

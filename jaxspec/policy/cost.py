@@ -59,6 +59,8 @@ class Costs:
         (``round_costs``): the standalone target step, or with ``round`` (in-loop timings) the in-loop plain step.
       sampling: one warp-and-draw over the vocabulary for every row ÷ target step (0: not timed): a plain step
         does one, a round of γ about 2γ + 1 (γ draft draws, γ + 1 verified positions).
+      reference_s: seconds of the load reference (``timing.Reference``) timed with these costs (0: none), by which
+        calls' own timings are scaled to the load the costs were measured under.
     """
 
     c: float
@@ -69,6 +71,7 @@ class Costs:
     prefill_tokens: int = 0
     step_s: float = 0.0
     sampling: float = 0.0
+    reference_s: float = 0.0
 
     def prefills(self, prompt_tokens: int | None = None) -> tuple[float, float]:
         """(target, draft) prefill of a call in plain steps, scaled linearly to its (padded) prompt length; without

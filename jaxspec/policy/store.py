@@ -25,6 +25,7 @@ from jaxspec.policy.cost import Costs
 from jaxspec.version import __version__
 
 SUBDIR = "jaxspec-auto-costs"  # under the compilation cache directory when the costs follow it
+FORMAT = 2  # the files' layout; 2 added the load reference's seconds (a file of format 1 is measured again)
 
 
 def model_fingerprint(model) -> str:
@@ -84,15 +85,16 @@ def _costs_to_json(costs: Costs) -> dict:
         "prefill_tokens": costs.prefill_tokens,
         "step_s": costs.step_s,
         "sampling": costs.sampling,
+        "reference_s": costs.reference_s,
     }
-    return {"format": 1, "costs": out}
+    return {"format": FORMAT, "costs": out}
 
 
 def _costs_from_json(data) -> Costs:
-    if not isinstance(data, dict) or data.get("format") != 1:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError("not a jaxspec cost file")
     d = data["costs"]
-    numbers = ("c", "prefill", "target_prefill", "step_s", "sampling")
+    numbers = ("c", "prefill", "target_prefill", "step_s", "sampling", "reference_s")
     if not all(isinstance(d[k], (int, float)) for k in numbers) or not isinstance(d["prefill_tokens"], int):
         raise ValueError("bad cost values")
     v = {int(g): float(x) for g, x in d["v"].items()}
@@ -106,6 +108,7 @@ def _costs_from_json(data) -> Costs:
         d["prefill_tokens"],
         float(d["step_s"]),
         float(d["sampling"]),
+        float(d["reference_s"]),
     )
 
 

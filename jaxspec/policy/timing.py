@@ -211,6 +211,43 @@ def time_rounds(
 
 
 STEP_BUDGET_S = 0.25  # measure_costs: a step is timed ``iters`` times, or fewer (at least once) past this many s
+REFERENCE_ITERS = 5  # Reference.time: timed calls (after one untimed), their median taken
+
+
+class Reference:
+    """The load reference of a (target, batch, cache length): one 1-token step of the target (of its first
+    ``LAYER_POINTS[0]`` layers when it is deep: ``depth_copies``), timed once when the costs are measured
+    (``Costs.reference_s``) and again right after a call's loop, so that the loop's seconds can be put in the
+    seconds the calibration would have measured (``AutoGamma.observe_rounds``).
+
+    Why: a loop's seconds per round mean nothing on their own on a shared machine, where other work slows every
+    program by a factor that changes from minute to minute (on the 2-core CPU, the same plain call took 55 to 125
+    ms a step within ten minutes). r(γ) divides a round by a plain step, and the two are rarely measured in the same
+    call; dividing each by a reference step timed in its own call compares them as if they had run side by side.
+    """
+
+    def __init__(self, target, batch: int, cache_len: int):
+        copies = depth_copies(target)
+        self.model = copies[min(copies)] if copies else target
+        self.step = (self.model, batch, cache_len, 1, False)
+        self.executable = None
+
+    def compile(self) -> None:
+        """Compile the reference step (unless ``measure_costs`` did)."""
+        if self.executable is None:
+            self.executable = compile_all({0: functools.partial(_lower_step, self.step)})[0]
+
+    def time(self, iters: int = REFERENCE_ITERS) -> float:
+        """Median seconds of the reference step over ``iters`` calls after one untimed call."""
+        self.compile()
+        call = _step_call(*self.step[:4], self.executable)
+        call()
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
 
 
 def verify_gammas(gammas) -> tuple[int, ...]:
@@ -287,7 +324,9 @@ def depth_copies(model) -> dict | None:
     return None if any(c is None for c in copies.values()) else copies
 
 
-def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer=None, iters: int = 3) -> Costs:
+def measure_costs(
+    target, draft, batch: int, cache_len: int, gammas, round_timer=None, iters: int = 3, reference=None
+) -> Costs:
     """The ``Costs`` of ``target`` and ``draft`` (a ``CausalLM``; a drafter with ``as_model()``, an EAGLE head,
     timed as that model's 1-token step; or a drafter without a model such as prompt lookup: c = p = 0) at
     ``batch`` rows and a cache of ``cache_len``, for the candidate ``gammas``, from standalone model steps (each
@@ -300,7 +339,8 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     their own).
     ``round_timer(gammas)``: seconds per in-loop round for each γ (γ = 0: the plain step), as ``generate`` builds
     it from ``time_rounds`` (this compiles every candidate loop: ``AutoGamma(calibrate="loops")``); without it
-    ``Costs.round`` is None."""
+    ``Costs.round`` is None. ``reference``: a ``Reference`` of (``target``, ``batch``, ``cache_len``), compiled with
+    the steps and timed right after the target's step (``Costs.reference_s``; 0 without one)."""
     tokens = prefill_tokens(batch, cache_len)
     if hasattr(draft, "as_model"):  # a drafter with a model of its own (an EAGLE head): time its steps
         draft = draft.as_model()
@@ -312,6 +352,8 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
     if has_model:
         needed += [(draft, 1, False), (draft, tokens, True)]
     copies = {m: depth_copies(m) or {} for m in {m for m, _, _ in needed}}  # {}: timed whole
+    if reference is not None and copies[target]:  # the reference is one of the target's copies: the same object
+        copies[target][min(copies[target])] = reference.model
     # per pass, the programs it is timed by: {layers: step} for a deep model's copies, {None: step} for the model
     plans = {
         (m, n, pre): {k: (c, batch, cache_len, n, pre) for k, c in copies[m].items()}
@@ -334,6 +376,10 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
         return extrapolate(depth, model.config.num_layers)
 
     step_s = timed(target, 1)
+    reference_s = 0.0
+    if reference is not None:  # timed in the same burst as the step it stands for
+        reference.executable = compiled[reference.step]
+        reference_s = reference.time()
     passes = {1: 1.0, **{n: timed(target, n) / step_s for n in widths if n > 1}}
     v = interpolate({0: 1.0, **{g: passes[g + 1] for g in timed_gammas}}, gammas)
     target_prefill = extrapolate(passes, tokens)
@@ -348,4 +394,4 @@ def measure_costs(target, draft, batch: int, cache_len: int, gammas, round_timer
         seconds = round_timer((0, *gammas))
         rounds = {g: seconds[g] / seconds[0] for g in gammas}
         unit_s = seconds[0]
-    return Costs(c, v, prefill, rounds, target_prefill, tokens, unit_s, draw)
+    return Costs(c, v, prefill, rounds, target_prefill, tokens, unit_s, draw, reference_s)

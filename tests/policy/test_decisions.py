@@ -1,0 +1,129 @@
+"""gamma="auto"'s decisions from measured figures, deterministic (costs set, the load reference's timing injected):
+a pair never measured probes; measured acceptance decides the next call either way; timings disturbed by other
+work (a slow call, a compile, a machine whose load changed between calls) do not flip a decision. Each with a
+negative control: the check the old rule (the prior alone, means of raw seconds) passed or failed."""
+
+import pytest
+
+from jaxspec.policy import AutoGamma, Costs, expected_speedup
+from jaxspec.policy import auto as auto_lib
+
+# a round of γ = 2 costs 1.9 plain steps: at the prior acceptance 0.6 (τ = 1.96) 1.03×, below the margin 1.05; at
+# the probe's 0.8 (τ = 2.44) 1.28×
+PROBED = Costs(c=0.1, v={2: 1.2}, prefill=0.0, round={2: 1.9})
+
+
+def test_a_pair_never_measured_probes(target, small_draft):
+    policy = AutoGamma(gammas=(2,), keep_costs=False)
+    policy.set_costs(target, small_draft, 1, 64, PROBED)
+    first = policy.decide(target, small_draft, 1, 64, 64, True)
+    assert first.expected_speedup[2] == pytest.approx(1.96 / 1.9) and first.expected_speedup[2] < policy.margin
+    assert first.probe and first.gamma == 2 and "no acceptance measured yet" in first.reason
+    assert policy.decide(target, small_draft, 1, 64, 64, False).probe  # sampled calls: an estimate of their own
+    # negative control: without probing, the prior alone decides plain (as on all 409 HumanEval calls before)
+    never = AutoGamma(gammas=(2,), keep_costs=False, explore_after=None)
+    never.set_costs(target, small_draft, 1, 64, PROBED)
+    d = never.decide(target, small_draft, 1, 64, 64, True)
+    assert d.gamma == 0 and not d.probe and "below the margin" in d.reason
+    # where even acceptance 0.8 could not pay (a round of 3 steps: 2.44 / 3 < 1) the first call does not probe
+    hopeless = AutoGamma(gammas=(2,), keep_costs=False)
+    hopeless.set_costs(target, small_draft, 1, 64, Costs(c=0.1, v={2: 1.2}, prefill=0.0, round={2: 3.0}))
+    d = hopeless.decide(target, small_draft, 1, 64, 64, True)
+    assert d.gamma == 0 and not d.probe
+
+
+def test_measured_acceptance_decides_the_next_call(target, small_draft):
+    """After the probe, favourable acceptance makes the next call speculate (no probe), unfavourable acceptance
+    sends it back to plain. Negative control: acceptance measured at the prior's level keeps it plain, so the
+    speculation comes from the measurement, not from the costs."""
+    policy = AutoGamma(gammas=(2,), keep_costs=False, half_life=None)
+    policy.set_costs(target, small_draft, 1, 64, PROBED)
+    assert policy.decide(target, small_draft, 1, 64, 64, True).probe
+    # 30 probe rounds at γ = 2: 2 rejected the first draft, 3 the second, 25 accepted both
+    policy.observe(target, small_draft, True, accepted=3 + 50, drafted=60, accept_hist=(2, 3, 25))
+    favourable = policy.decide(target, small_draft, 1, 64, 64, True)
+    assert favourable.gamma == 2 and not favourable.probe and favourable.expected_speedup[2] >= policy.margin
+    policy.observe(target, small_draft, True, accepted=20, drafted=630, accept_hist=(300, 10, 5))
+    unfavourable = policy.decide(target, small_draft, 1, 64, 64, True)
+    assert unfavourable.gamma == 0 and not unfavourable.probe and "below the margin" in unfavourable.reason
+
+    control = AutoGamma(gammas=(2,), keep_costs=False, half_life=None)
+    control.set_costs(target, small_draft, 1, 64, PROBED)
+    control.decide(target, small_draft, 1, 64, 64, True)
+    control.observe(target, small_draft, True, accepted=360, drafted=1000, accept_hist=(200, 120, 180))  # 0.6, 0.6
+    assert control.decide(target, small_draft, 1, 64, 64, True).gamma == 0
+
+
+def _timed(policy, target, draft, monkeypatch, reference_s: float):
+    """Costs with a 10 ms step and a 2 ms load reference; the reference timed after each call takes what
+    ``load[0]`` says (the injected timing)."""
+    costs = Costs(c=0.1, v={2: 1.2}, prefill=0.0, step_s=0.01, reference_s=0.002)
+    policy.set_costs(target, draft, 1, 64, costs)
+    policy.set_alpha(target, draft, True, 0.7)  # τ(2) = 1 + 0.7 + 0.49 = 2.19
+    load = [reference_s]
+    monkeypatch.setattr(policy, "reference_seconds", lambda *args, **kwargs: load[0])
+    return load
+
+
+def test_one_slow_call_or_a_compile_does_not_flip_a_decision(target, small_draft, monkeypatch):
+    """A round's cost is the low median of the calls' own timings: one call slowed threefold by other work in the
+    process leaves it, where the mean of the calls would have made speculation look slower than plain (the
+    negative control). A call that compiled its loop is not recorded at all: recorded, its compile would put a
+    round at 100 steps."""
+    policy = AutoGamma(gammas=(2,), keep_costs=False)
+    _timed(policy, target, small_draft, monkeypatch, 0.002)
+    for _ in range(3):  # settled calls: 10 ms a plain step, 16 ms a round of γ = 2 (r = 1.6)
+        assert policy.observe_call(target, small_draft, 1, 64, 0, rounds=(0.64, 64))
+        assert policy.observe_call(target, small_draft, 1, 64, 2, rounds=(0.48, 30))
+    before = policy.decide(target, small_draft, 1, 64, 64, True)
+    assert before.gamma == 2 and before.round_cost[2] == pytest.approx(1.6)
+    policy.observe_rounds(target, small_draft, 1, 64, 2, 1.44, 30)  # one call at three times the time
+    after = policy.decide(target, small_draft, 1, 64, 64, True)
+    assert after.gamma == 2 and after.round_cost[2] == pytest.approx(1.6)
+    mean = (3 * 16 + 48) / 4 / 10  # 2.4 steps a round: the old running mean
+    assert expected_speedup(0.7, 2, 0.1, 1.2, 64, round_cost=mean) < 1 < before.expected_speedup[2]
+
+    fresh = AutoGamma(gammas=(2,), keep_costs=False)
+    _timed(fresh, target, small_draft, monkeypatch, 0.002)
+    assert not fresh.observe_call(target, small_draft, 1, 64, 2, rounds=(30.0, 30), fresh=True)
+    assert fresh.observed_rounds(target, small_draft, 1, 64) == {}
+    assert fresh.decide(target, small_draft, 1, 64, 64, True).gamma == 2  # predicted: r(2) = 0.2 + 1.2
+    fresh.observe_rounds(target, small_draft, 1, 64, 2, 30.0, 30)  # negative control: the compile recorded
+    assert fresh.decide(target, small_draft, 1, 64, 64, True).gamma == 0
+
+
+def test_a_change_of_load_between_calls_is_scaled_out(target, small_draft, monkeypatch):
+    """What collapsed gamma="auto" on a shared machine: r(γ) divided a round timed now by a plain step timed at
+    another time (the calibration, an earlier plain call), so the machine's load changing in between read as a
+    costlier round. Every call's timings are now scaled by a reference step timed right after its loop: rounds
+    timed while the machine runs twice as slow (the reference too) give the same r(γ). Negative control: the same
+    rounds recorded as measured (the old rule) make speculation look slower than plain."""
+    policy = AutoGamma(gammas=(2,), keep_costs=False)
+    load = _timed(policy, target, small_draft, monkeypatch, 0.002)
+    for _ in range(3):  # plain calls on a quiet machine
+        policy.observe_call(target, small_draft, 1, 64, 0, rounds=(0.64, 64))
+    load[0] = 0.004  # the machine is twice as slow now: the reference step and the rounds alike
+    for _ in range(3):
+        policy.observe_call(target, small_draft, 1, 64, 2, rounds=(0.96, 30))
+    d = policy.decide(target, small_draft, 1, 64, 64, True)
+    assert d.round_cost[2] == pytest.approx(1.6) and d.gamma == 2
+
+    old = AutoGamma(gammas=(2,), keep_costs=False)
+    _timed(old, target, small_draft, monkeypatch, 0.002)
+    for _ in range(3):
+        old.observe_rounds(target, small_draft, 1, 64, 0, 0.64, 64)
+        old.observe_rounds(target, small_draft, 1, 64, 2, 0.96, 30)  # not scaled: 3.2 steps a round
+    d = old.decide(target, small_draft, 1, 64, 64, True)
+    assert d.round_cost[2] == pytest.approx(3.2) and d.gamma == 0
+
+
+def test_the_reference_is_timed_only_while_it_is_needed(target, small_draft, monkeypatch):
+    """A (shapes, γ) times the load reference after each of its first ``REFERENCED`` recorded calls, then after
+    every ``REFERENCE_EVERY``-th; the calls in between record nothing (their seconds alone compare with nothing)."""
+    policy = AutoGamma(gammas=(2,), keep_costs=False)
+    _timed(policy, target, small_draft, monkeypatch, 0.002)
+    recorded = [policy.observe_call(target, small_draft, 1, 64, 2, rounds=(0.48, 30)) for _ in range(20)]
+    first, every = auto_lib.REFERENCED, auto_lib.REFERENCE_EVERY
+    assert recorded[:first] == [True] * first
+    assert [i for i, r in enumerate(recorded) if r] == [*range(first), *range(first - 1 + every, 20, every)]
+    assert policy.observe_call(target, small_draft, 1, 64, 0, rounds=(0.64, 64))  # another γ counts apart
