@@ -101,8 +101,8 @@ class Regamma:
         """Before a refill of ``run`` (an ``EngineRun``; ``rows_hist``: the accept histograms of its finished rows
         so far; ``width``: the batch the loop goes on at): count what was seen, re-decide for that batch, and on a
         change of γ convert ``state`` and set ``run.spec``, ``run.drafter`` and ``run.stats`` (``gamma``,
-        ``policy``). Returns ``(state, draft_params)`` for the loop to go on with. Its time (the policy's, the conversion's) counts in ``run.stats.wall_time_s``, compilation
-        in ``compile_time_s``."""
+        ``policy``). Returns ``(state, draft_params)`` for the loop to go on with. Its time (the policy's, the
+        conversion's) counts in ``run.stats.wall_time_s``, compilation in ``compile_time_s``."""
         start, compiled = time.perf_counter(), run.stats.compile_time_s
         out = self._between(run, state, draft_params, rows_hist, width)
         run.stats.wall_time_s += time.perf_counter() - start - (run.stats.compile_time_s - compiled)
