@@ -54,28 +54,23 @@ def test_mesh_tokens_match_single_device(target, small_draft, prompts, reference
 
 
 def test_auto_gamma_on_a_mesh(target, small_draft, prompts, reference):
-    """gamma="auto" on a 2x4 mesh returns the single-device greedy tokens whichever γ it picks, and learns the
-    round cost of the loop it ran on the mesh (kept apart from one device's)."""
+    """gamma="auto" on a 2x4 mesh returns the single-device greedy tokens, and learns the round cost of the loop it
+    ran on the mesh (kept apart from one device's) from a call that did not compile (a first call records nothing).
+    The pair's acceptance is set to 0, so both calls decode plainly (a pair never measured would be probed)."""
     from jaxspec import loop
 
     policy = jaxspec.policy.AutoGamma(gammas=(2,))
+    policy.set_alpha(target, small_draft, True, 0.0)
     compiled = loop.rounds_program.compiles, loop.prefill_program.compiles
-    res = jaxspec.generate(
-        target,
-        prompts,
-        draft=small_draft,
-        gamma="auto",
-        policy=policy,
-        temperature=0.0,
-        max_new_tokens=[9, 14, 5, 12, 10],
-        eos_token_id=7,
-        mesh={"data": 2, "model": 4},
-    )
+    kw = dict(draft=small_draft, gamma="auto", policy=policy, temperature=0.0, max_new_tokens=[9, 14, 5, 12, 10])
+    res = jaxspec.generate(target, prompts, eos_token_id=7, mesh={"data": 2, "model": 4}, **kw)
     assert res.tokens == reference["greedy"].tokens
     assert res.stats.policy["round_cost"][2] > 0
     # its prefill and rounds programs were compiled together, the rounds one on the prefilled state's shapes and
     # shardings: had those differed from the real state's, the call would have compiled it a second time
     assert loop.rounds_program.compiles - compiled[0] <= 1 and loop.prefill_program.compiles - compiled[1] <= 1
+    again = jaxspec.generate(target, prompts, eos_token_id=7, mesh={"data": 2, "model": 4}, **kw)
+    assert again.tokens == reference["greedy"].tokens and res.stats.gamma == again.stats.gamma == 0
     batch, cache = res.stats.compiled_batch_size, res.stats.cache_length
     key = ((("data", 2), ("model", 4)), True)
     assert set(policy.observed_rounds(target, small_draft, batch, cache, key)) == {res.stats.gamma}
