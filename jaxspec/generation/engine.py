@@ -287,12 +287,11 @@ class EngineRun:
         self.eos_width = inputs_lib.next_pow2(max(len(e) for e in batch.eos), 4)
         prefill = inputs_lib.prefill_positions(self.cache_len, int(lengths.max()))
         shape = inputs_lib.Buckets(engine.width(request.num_rows), self.cache_len, prefill)
-        gamma, decision, self.policy = choose_gamma(request, shape)
-        self.decision = decision
+        gamma, decision, policy = choose_gamma(request, shape)
         self.spec = inputs_lib.loop_spec(request, self.cache_len, gamma)
         self.drafter = request.drafter if gamma > 0 else None
         # gamma="auto": the hook that re-decides γ between decode calls (jaxspec.generation.regamma)
-        self.auto = None if decision is None else regamma.Regamma(request, shape, decision, self.policy)
+        self.auto = None if decision is None else regamma.Regamma(request, shape, decision, policy)
         self.stats = EngineStats(
             slots=engine.slots,
             gamma=gamma,

@@ -61,8 +61,8 @@ class Regamma:
         self.key = mesh_key(request.mesh, request.shard_draft)
         self.switches: list[dict] = []
         self._rows = 0  # finished rows already counted
-        self._decode: dict[int, tuple[float, int]] = {}  # batch width -> (decode seconds, rounds) counted
-        self._compiles = loop.rounds_program.compiles  # rounds programs compiled in the process when last counted
+        # batch width -> (decode seconds, rounds, its rounds program's compile seconds) when last counted
+        self._decode: dict[int, tuple[float, int, float]] = {}
         self._seen = False  # whether this run has counted any acceptance
 
     def summary(self) -> dict:
@@ -71,19 +71,19 @@ class Regamma:
 
     def _count(self, run, rows_hist) -> None:
         """Feed the policy what the run saw since the last call: the rows finished since (at the running γ) and
-        the decode calls' rounds at each batch width (not when a rounds program was compiled among them: a program's
-        first run pays one-time costs)."""
+        the decode calls' rounds at each batch width (not at a width whose rounds program was compiled among them: a
+        program's first run pays one-time costs)."""
         request, stats, gamma = self.request, run.stats, run.spec.gamma
         new, self._rows = rows_hist[self._rows :], len(rows_hist)
         if gamma > 0 and new:
             hist = tuple(int(x) for x in np.sum(new, axis=0))
             self.policy.observe(request.target, request.drafter, request.greedy, *_counts(hist, gamma), hist)
             self._seen = True
-        compiled, self._compiles = self._compiles, loop.rounds_program.compiles
         for width, seconds in list(run.decode_s.items()):  # each batch width the loop ran at since the last call
             ran = run.stats.widths.get(width, 0)
-            before_s, before_rounds = self._decode.get(width, (0.0, 0))
-            self._decode[width] = (seconds, ran)
+            compiled = stats.compiles.get(f"rounds[{width}]", 0.0)  # this width's rounds program: compile seconds
+            before_s, before_rounds, before_compiled = self._decode.get(width, (0.0, 0, 0.0))
+            self._decode[width] = (seconds, ran, compiled)
             if ran == before_rounds:
                 continue
             self.policy.observe_call(
@@ -93,7 +93,7 @@ class Regamma:
                 stats.cache_length,
                 gamma,
                 rounds=(seconds - before_s, ran - before_rounds),
-                fresh=loop.rounds_program.compiles > compiled,
+                fresh=compiled > before_compiled,
                 mesh_key=self.key,
             )
 
