@@ -35,10 +35,11 @@ from jaxspec.core.cache import KVCache
 from jaxspec.core.model import CausalLM
 from jaxspec.core.sampling import sample, warp
 from jaxspec.drafters.base import Drafter, Proposal, bad_logits
-from jaxspec.formats import eagle_head
-from jaxspec.formats.paths import is_head
+from jaxspec.formats import eagle3 as eagle3_format
+from jaxspec.formats import eagle_head, hub
+from jaxspec.formats.paths import is_head, resolve
 from jaxspec.models import eagle as eagle_model
-from jaxspec.models import families, llama
+from jaxspec.models import eagle3, families, llama
 
 __all__ = ["EagleDrafter", "EagleState", "is_head", "load", "save"]
 
@@ -57,7 +58,9 @@ class EagleDrafter(Drafter):
     """An EAGLE head for one target (static and hashable; its weights, ``params``, are not part of the key).
 
     Attributes:
-      config: the head's ``LlamaConfig`` (``jaxspec.models.eagle.head_config``).
+      config: the head's config: a ``LlamaConfig`` for an EAGLE-1-style head (``jaxspec.models.eagle.head_config``:
+        the target's final-norm feature in, features predicted), an ``Eagle3Config`` for an EAGLE-3 head
+        (``jaxspec.models.eagle3``: the target's low/middle/high layers fused in, tokens predicted).
       target_config: the config of the target it was made for (``generate`` refuses another).
       params: the head's own parameters with the target's embedding and restricted LM head (``shared_params``).
       name: for messages and statistics.
@@ -67,7 +70,7 @@ class EagleDrafter(Drafter):
         that may have verified more than γ+1 tokens since the head last drafted, as under ``LookupFirst``).
     """
 
-    config: llama.LlamaConfig
+    config: llama.LlamaConfig | eagle3.Eagle3Config
     target_config: llama.LlamaConfig
     params: Any = dataclasses.field(default=None, compare=False, repr=False)
     name: str = "eagle"
@@ -88,9 +91,21 @@ class EagleDrafter(Drafter):
     def for_target(
         cls, target: CausalLM, own, *, config=None, name: str = "eagle", temperature_scale: float = 1.0
     ) -> EagleDrafter:
-        """The drafter of head weights ``own`` (``fc``, ``layers``, ``final_norm``; stacked or split layers) on
-        ``target`` (a Llama-family ``CausalLM``); ``config`` defaults to a one-layer head over the full vocabulary."""
+        """The drafter of head weights ``own`` on ``target`` (a Llama-family ``CausalLM``). EAGLE-1-style (``config``
+        a ``LlamaConfig``, default a one-layer head over the full vocabulary): ``own`` holds ``fc``, ``layers``
+        (stacked or split), ``final_norm``. EAGLE-3 (``config`` an ``Eagle3Config``): ``fc``, ``layer``,
+        ``final_norm``, ``lm_head``, and ``embed`` when the head brings its own (else the target's is read)."""
         cfg = config or eagle_model.head_config(target.config)
+        if isinstance(cfg, eagle3.Eagle3Config):
+            check_eagle3(cfg, target)
+            mine = {k: own[k] for k in eagle3.OWN}
+            if "embed" not in own and cfg.hidden_size != target.config.hidden_size:
+                raise ValueError(
+                    f"the EAGLE-3 head is {cfg.hidden_size} wide and brings no embedding; target {target.name!r}'s "
+                    f"embedding is {target.config.hidden_size} wide"
+                )
+            embed = own["embed"] if "embed" in own else target.params["embed"]["embedding"]
+            return cls(cfg, target.config, {**mine, "embed": embed}, name, temperature_scale)
         shared = eagle_model.shared_params(cfg, target.params)
         own = families.split_layers({k: own[k] for k in eagle_model.OWN})
         return cls(cfg, target.config, {**own, **shared}, name, temperature_scale)
@@ -106,15 +121,24 @@ class EagleDrafter(Drafter):
         return dataclasses.replace(sampling, temperature=sampling.temperature * self.temperature_scale)
 
     @property
+    def eagle3(self) -> bool:
+        """Whether this is an EAGLE-3 head."""
+        return isinstance(self.config, eagle3.Eagle3Config)
+
+    @property
     def target_features(self) -> Callable:
-        """The target's forward pass that also returns its final-norm hidden states (``llama.features_fn``)."""
+        """The target's forward pass that also returns the features the head reads: its final-norm hidden states
+        (``llama.features_fn``), or for an EAGLE-3 head those entering its ``aux_layers`` (``llama.taps_fn``)."""
+        if isinstance(self.config, eagle3.Eagle3Config):
+            return llama.taps_fn(self.target_config, self.config.aux_layers)
         return llama.features_fn(self.target_config)
 
     def init_state(self, batch: int, cache_len: int) -> EagleState:
         """An empty head cache and feature buffer."""
         cfg = self.config
-        _, init_cache = eagle_model.head_fns(cfg)
-        return EagleState(init_cache(batch, cache_len), jnp.zeros((batch, cache_len, cfg.hidden_size), cfg.jnp_dtype))
+        _, init_cache = _head_fns(cfg)
+        width = cfg.feature_size if isinstance(cfg, eagle3.Eagle3Config) else cfg.hidden_size
+        return EagleState(init_cache(batch, cache_len), jnp.zeros((batch, cache_len, width), cfg.jnp_dtype))
 
     def observe(self, state: EagleState, feats, positions) -> EagleState:
         """The target's features ``[B, T, hidden]`` written at ``positions [B, T]`` (past the end: dropped)."""
@@ -128,7 +152,7 @@ class EagleDrafter(Drafter):
         pair joins a token to the feature before it, written by ``observe`` for this part of the prompt or an
         earlier one, so the prompt may come in consecutive chunks. The pair of position -1 does not exist (its
         write is dropped); the pairs of a prompt's last positions are rewritten by the first round's window."""
-        apply_fn, _ = eagle_model.head_fns(self.config)
+        apply_fn, _ = _head_fns(self.config)
         size = state.feats.shape[1]
         rows = jnp.arange(prompt.shape[0])[:, None]
         before = positions - 1
@@ -139,7 +163,7 @@ class EagleDrafter(Drafter):
     def draft(self, params, state: EagleState, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
         """A window pass over the γ+1 newest verified pairs (the ``catch_up`` newest, if more), then γ-1 steps on
         the head's own features."""
-        apply_fn, _ = eagle_model.head_fns(self.config)
+        apply_fn, _ = _head_fns(self.config)
         sampling = self._sampling(sampling)
         gamma = keys.shape[1]
         batch, size = tokens.shape
@@ -183,9 +207,14 @@ class EagleDrafter(Drafter):
             )
 
 
+def _head_fns(cfg):
+    """``(apply_fn, init_cache)`` of either kind of head config."""
+    return eagle3.head_fns(cfg) if isinstance(cfg, eagle3.Eagle3Config) else eagle_model.head_fns(cfg)
+
+
 @functools.cache
-def _timing_fns(cfg: llama.LlamaConfig):
-    head_apply, init_cache = eagle_model.head_fns(cfg)
+def _timing_fns(cfg):
+    head_apply, init_cache = _head_fns(cfg)
 
     def apply_fn(params, tokens, positions, cache):
         feats = jnp.zeros((*tokens.shape, cfg.hidden_size), cfg.jnp_dtype)
@@ -195,9 +224,43 @@ def _timing_fns(cfg: llama.LlamaConfig):
     return apply_fn, init_cache
 
 
+def check_eagle3(cfg: eagle3.Eagle3Config, target: CausalLM) -> None:
+    """``ValueError`` unless an EAGLE-3 head of ``cfg`` fits ``target``: a Llama-family model whose vocabulary,
+    width and depth match what the head reads."""
+    tc = target.config
+    if not isinstance(tc, llama.LlamaConfig):
+        raise ValueError(f"an EAGLE-3 head needs a Llama-family target, {target.name!r} is {type(tc).__name__}")
+    problems = []
+    if tc.vocab_size != cfg.vocab_size:
+        problems.append(f"vocabulary {cfg.vocab_size} (target {tc.vocab_size})")
+    if tc.hidden_size != cfg.target_hidden:
+        problems.append(f"target features {cfg.target_hidden} wide (target hidden_size {tc.hidden_size})")
+    if max(cfg.aux_layers) > tc.num_layers:
+        problems.append(f"aux_layers {cfg.aux_layers} (target has {tc.num_layers} layers)")
+    if tc.vocab_ids:
+        problems.append("a target with a reduced vocabulary")
+    if problems:
+        raise ValueError(f"the EAGLE-3 head does not fit target {target.name!r}: " + "; ".join(problems))
+
+
 def save(drafter: EagleDrafter, path) -> Path:
     """Write the head's own weights and metadata to directory ``path`` (``jaxspec.formats.eagle_head``); the
-    target's embedding and head are not stored."""
+    target's embedding (and for an EAGLE-1-style head its LM head) is not stored."""
+    if isinstance(drafter.config, eagle3.Eagle3Config):
+        cfg = drafter.config
+        lc = cfg.layer
+        meta = {
+            "name": drafter.name,
+            "architecture": "eagle3",
+            "aux_layers": list(cfg.aux_layers),
+            "target_hidden": cfg.target_hidden,
+            "vocab_ids": list(cfg.vocab_ids),
+            "hidden_size": lc.hidden_size,
+            "intermediate_size": lc.intermediate_size,
+            "norm_before_residual": cfg.norm_before_residual,
+            "temperature_scale": drafter.temperature_scale,
+        }
+        return eagle_head.write(path, {k: drafter.params[k] for k in eagle3.OWN}, meta)
     own = families.stack_layers({k: drafter.params[k] for k in eagle_model.OWN})
     meta = {
         "name": drafter.name,
@@ -209,17 +272,44 @@ def save(drafter: EagleDrafter, path) -> Path:
     return eagle_head.write(path, own, meta)
 
 
-def load(path, target: CausalLM, *, temperature_scale: float | None = None) -> EagleDrafter:
-    """The head saved at ``path`` (a directory, or ``jaxspec/<name>`` in the shipped checkpoints) on ``target``,
-    drafting at its saved ``temperature_scale`` unless one is given (1 for heads saved without one).
-    ``ValueError`` for a directory that is not a head, or a head of another width than ``target``'s."""
+def load(
+    path, target: CausalLM, *, temperature_scale: float | None = None, revision: str | None = None
+) -> EagleDrafter:
+    """The head at ``path`` on ``target``: a directory saved by ``save`` (or ``jaxspec/<name>`` in the shipped
+    checkpoints), drafting at its saved ``temperature_scale`` unless one is given (1 for heads saved without one);
+    or a published EAGLE-3 checkpoint as it is (``jaxspec.formats.eagle3``: the speculators layout or the EAGLE
+    authors'), a directory or a Hugging Face id (``owner/name``, fetched once into the Hugging Face cache,
+    ``revision`` a branch, tag or commit). ``ValueError`` for a directory that is neither, or a head that does not
+    fit ``target``."""
+    local = resolve(path)
+    if not local.exists() and hub.is_repo_id(str(path)):
+        local = hub.snapshot(str(path), revision=revision)
+    if eagle3_format.is_eagle3(local) and not is_head(local):
+        cfg3, own3 = eagle3_format.read(local, target.config)
+        dtype = target.config.jnp_dtype
+        own3 = jax.tree.map(lambda x: jnp.asarray(x, dtype), own3)
+        layer = dataclasses.replace(cfg3.layer, dtype=target.config.dtype)
+        cfg3 = dataclasses.replace(cfg3, layer=layer)
+        name = str(path).rstrip("/").split("/")[-1]
+        scale = 1.0 if temperature_scale is None else temperature_scale
+        return EagleDrafter.for_target(target, own3, config=cfg3, name=name, temperature_scale=scale)
     path, meta, own = eagle_head.read(path)
     if meta["hidden_size"] != getattr(target.config, "hidden_size", None):
         raise ValueError(
             f"the EAGLE head at {path} has hidden_size {meta['hidden_size']}, target {target.name!r} has "
             f"{getattr(target.config, 'hidden_size', None)}: it was made for another target"
         )
-    cfg = eagle_model.head_config(target.config, num_layers=meta["num_layers"], vocab_ids=meta["vocab_ids"])
+    cfg: llama.LlamaConfig | eagle3.Eagle3Config
+    if meta.get("architecture") == "eagle3":
+        cfg = eagle3.head_config(
+            target.config,
+            meta["vocab_ids"],
+            aux_layers=tuple(meta["aux_layers"]),
+            intermediate_size=meta["intermediate_size"],
+            norm_before_residual=meta["norm_before_residual"],
+        )
+    else:
+        cfg = eagle_model.head_config(target.config, num_layers=meta["num_layers"], vocab_ids=meta["vocab_ids"])
     own = jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), own)
     if temperature_scale is None:
         temperature_scale = meta.get("temperature_scale", 1.0)

@@ -207,7 +207,9 @@ class Llama(nn.Module):
     def __call__(self, tokens, positions, cache: KVCache, hidden: bool | str = False):
         """``(logits [B, T, V] float32, cache)``; ``hidden=True`` returns the final-norm hidden states
         ``[B, T, hidden_size]`` instead of logits (training computes the LM head at chosen positions only);
-        ``hidden="both"`` returns ``((logits, hidden), cache)`` (an EAGLE head drafts from the hidden states)."""
+        ``hidden="both"`` returns ``((logits, hidden), cache)`` (an EAGLE head drafts from the hidden states);
+        ``hidden`` a tuple of layer indices returns ``((logits, taps [B, T, len × hidden_size]), cache)``: the hidden
+        states entering those layers, concatenated (``stack.apply_layers``' taps; an EAGLE-3 head drafts from them)."""
         cfg = self.cfg
         embed = nn.Embed(
             cfg.embed_rows,
@@ -222,7 +224,9 @@ class Llama(nn.Module):
             x = x * jnp.asarray(cfg.hidden_size**0.5, cfg.jnp_dtype)
         if cfg.embedding_multiplier != 1.0:  # Granite (a Python float: the product keeps the activation dtype)
             x = x * cfg.embedding_multiplier
-        x, k, v = stack.apply_layers(DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split)
+        taps = hidden if isinstance(hidden, tuple) else ()
+        out = stack.apply_layers(DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split, taps)
+        (x, k, v), tapped = out if taps else (out, None)
         x = rms_norm(cfg, "final_norm")(x)
         if hidden is True:
             return x, KVCache(k, v)
@@ -231,6 +235,8 @@ class Llama(nn.Module):
         else:
             logits = dense(cfg.embed_rows, "lm_head", cfg)(x)
         logits = to_full_vocab(cfg, soft_cap(cfg, logits.astype(jnp.float32)))
+        if taps:
+            return (logits, jnp.concatenate(tapped, axis=-1)), KVCache(k, v)
         return ((logits, x) if hidden == "both" else logits), KVCache(k, v)
 
 
@@ -292,6 +298,20 @@ def features_fn(cfg: LlamaConfig):
     def apply(params, tokens, positions, cache):
         module, variables = stack.bind(Llama, cfg, params)
         (logits, x), cache = module.apply(variables, tokens, positions, cache, "both")
+        return logits, x, cache
+
+    return apply
+
+
+@functools.cache
+def taps_fn(cfg: LlamaConfig, taps: tuple[int, ...]):
+    """``apply(params, tokens, positions, cache) -> (logits [B, T, V] float32, taps [B, T, len(taps) × hidden],
+    cache)``: the forward pass that also returns the hidden states entering layers ``taps`` (an EAGLE-3 head's
+    target features), concatenated in that order (the same object for equal arguments)."""
+
+    def apply(params, tokens, positions, cache):
+        module, variables = stack.bind(Llama, cfg, params)
+        (logits, x), cache = module.apply(variables, tokens, positions, cache, tuple(taps))
         return logits, x, cache
 
     return apply

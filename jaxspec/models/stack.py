@@ -88,23 +88,49 @@ class MLP(nn.Module):
         return dense(cfg.hidden_size, down, cfg, bias=True)(hidden)
 
 
-def apply_layers(layer_cls, cfg, carry, positions, split: bool):
+def apply_layers(layer_cls, cfg, carry, positions, split: bool, taps: tuple[int, ...] = ()):
     """Run ``cfg.num_layers`` of ``layer_cls(cfg)`` (called as ``(carry, layer, positions) -> (carry, None)``) over
-    ``carry``, inside the calling module's ``nn.compact`` method; returns the final carry."""
+    ``carry``, inside the calling module's ``nn.compact`` method; returns the final carry. With ``taps`` (layer
+    indices), returns ``(carry, tapped)``: ``tapped[i]`` is the hidden state ``carry[0]`` *entering* layer
+    ``taps[i]`` (Hugging Face's ``hidden_states[taps[i]]``: index 0 is the embedding output, ``num_layers`` the
+    last layer's output before the final norm)."""
+    if any(not 0 <= t <= cfg.num_layers for t in taps):
+        raise ValueError(f"taps must be layer indices in [0, {cfg.num_layers}], got {taps!r}")
     if split:
+        tapped = {}
         for i in range(cfg.num_layers):
+            if i in taps:
+                tapped[i] = carry[0]
             carry, _ = layer_cls(cfg, name=f"layers_{i}")(carry, i, positions)
-        return carry
+        if cfg.num_layers in taps:
+            tapped[cfg.num_layers] = carry[0]
+        return (carry, [tapped[t] for t in taps]) if taps else carry
+    cls = _Tapped(layer_cls) if taps else layer_cls
     layers = nn.scan(
-        layer_cls,
+        cls,
         variable_axes={"params": 0},
         split_rngs={"params": True},
         in_axes=(0, nn.broadcast),
         out_axes=0,
         length=cfg.num_layers,
     )(cfg, name="layers")
-    carry, _ = layers(carry, jnp.arange(cfg.num_layers), positions)
-    return carry
+    out, entering = layers(carry, jnp.arange(cfg.num_layers), positions)
+    if not taps:
+        return out
+    return out, [out[0] if t == cfg.num_layers else entering[t] for t in taps]
+
+
+@functools.cache
+def _Tapped(layer_cls):  # noqa: N802 (a class factory)
+    """``layer_cls`` that also returns the hidden state entering it (the stacked layout's taps)."""
+
+    class Tapped(layer_cls):  # type: ignore[misc, valid-type]
+        def __call__(self, carry, layer, positions):
+            out, _ = super().__call__(carry, layer, positions)
+            return out, carry[0]
+
+    Tapped.__name__ = layer_cls.__name__  # the same parameter names as the untapped stack
+    return Tapped
 
 
 def cached_attention(q, k, v, k_all, v_all, layer, positions, scale: float, dtype):

@@ -41,6 +41,7 @@ from jaxspec.core.acceptance import RejectionSampler
 from jaxspec.core.sampling import SamplingParams, warp
 from jaxspec.drafters import eagle
 from jaxspec.models import eagle as eagle_model
+from jaxspec.models import eagle3
 
 VOCAB = 5
 NEW_TOKENS = 3
@@ -541,6 +542,14 @@ def scaled_eagle_head(eagle_head):
     return dataclasses.replace(eagle_head, temperature_scale=2.0)
 
 
+@pytest.fixture(scope="module")
+def eagle3_head(target):
+    """An EAGLE-3 head (the target's layers 0, 1 and 2 fused) over the reduced vocabulary, its draft rows in another
+    order than the target's ids (the d2t map is exercised)."""
+    cfg = eagle3.head_config(TARGET_CONFIG, (3, 0, 2), aux_layers=(0, 1, 2))
+    return eagle.EagleDrafter.for_target(target, eagle3.init_own(cfg, seed=4), config=cfg, name="head3")
+
+
 # Draft models whose vocab_size differs from the target's (a family's padded tables): a smaller one has no row for
 # id 4 (q = 0 there; when the target emits it, the draft is fed its last id), a larger one's ids 5-7 are cut off.
 
@@ -569,6 +578,7 @@ RESTRICTED_DRAFTERS = {
     "reduced_draft": ([("temp1", 3), ("topk3", 1)], 7000, 7100),
     "eagle_head": ([("temp1", 1), ("temp1", 3), ("topp0.8", 2)], 8000, 8100),
     "scaled_eagle_head": ([("temp1", 2)], 8200, 8300),
+    "eagle3_head": ([("temp1", 2), ("topk3", 3)], 8800, 8900),
     "smaller_vocab_draft": ([("temp1", 2)], 8400, 8500),
     "larger_vocab_draft": ([("temp1", 3)], 8600, 8700),
 }

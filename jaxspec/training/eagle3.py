@@ -1,0 +1,314 @@
+"""Training an EAGLE-3 head (``jaxspec.models.eagle3``) offline with *training-time test*: the head unrolled for
+``steps`` draft steps on its own outputs, as it drafts.
+
+    jaxspec distill --target smollm2-135m-instruct --data train.jsonl --out runs/eagle3 \\
+        --new-draft eagle3=4,vocab=8191 --steps 2000 --batch-size 8 --window 256 --save-draft smollm2-eagle3
+
+Two stages, both resumable from ``out_dir``:
+  1. ``extract_features``: per position of every record (prompt and output), the target's hidden states entering
+     the head's ``aux_layers`` and its final-norm hidden state, one forward pass per batch of records of similar
+     length, stored as float16 in ``out_dir/features3.npy`` (``[tokens, (len(aux) + 1) × hidden]``; record ``i``
+     owns rows ``offsets[i]:offsets[i+1]`` of ``features3_offsets.npy``). Done once per records and aux layers.
+  2. ``train_head``: windows of ``window + 1`` tokens drawn as a pure function of (seed, step). Step 1 reads at
+     every position ``i`` the fused target features with token ``i+1`` and predicts token ``i+2``; step ``k`` reads
+     the head's own output of step ``k-1`` with token ``i+k`` at position ``i+k-1`` and predicts token ``i+k+1``
+     (``ttt_logits``). Its attention sees what drafting shows it: step 1's keys (from real features) up to
+     position ``i``, and its own chain's keys of steps 2..k. Loss: the cross-entropy of each step's draft
+     distribution against the target's distribution at that position (its final-norm state through its LM head,
+     restricted to the draft vocabulary and renormalised), step ``k`` weighted ``STEP_DECAY ** (k-1)``. The
+     target's embedding stays frozen; the head's own LM head starts as the target's draft-vocabulary columns and
+     is trained. AdamW (``training.make_optimizer``), orbax checkpoints every ``checkpoint_every`` steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from jaxspec.core.model import CausalLM
+from jaxspec.drafters import eagle
+from jaxspec.models import eagle3, llama
+from jaxspec.training.common import LOG_FILE, Checkpoints, append_jsonl, due, make_optimizer
+from jaxspec.training.eagle import batch_at
+from jaxspec.training.offline import choose_vocab, read_data
+
+STEP_DECAY = 0.8  # step k's loss weight is STEP_DECAY ** (k - 1): later steps matter less (fewer rounds reach them)
+FEATURES, OFFSETS, ARGMAX = "features3.npy", "features3_offsets.npy", "features3_argmax.npy"
+
+
+def _offsets(records) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum([len(p) + len(o) for p, o in records])]).astype(np.int64)
+
+
+def extract_features(target: CausalLM, records, aux_layers, out_dir, *, batch_size: int = 8, progress: bool = True):
+    """``(features [N, (len(aux_layers) + 1) × hidden] float16 memmap, argmax [N] int32, offsets [R+1])`` of
+    ``records`` under ``target``: the taps then the final-norm state (module docstring), and the target's top
+    token after each position; reuses ``out_dir``'s files when they were made for the same records and layers."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    offsets = _offsets(records)
+    aux = tuple(int(a) for a in aux_layers)
+    width = (len(aux) + 1) * target.config.hidden_size
+    done_mark = out_dir / (FEATURES + ".done")
+    stamp = f"aux {list(aux)}\n"
+    if done_mark.is_file() and done_mark.read_text() == stamp and (out_dir / OFFSETS).is_file():
+        if np.array_equal(np.load(out_dir / OFFSETS), offsets):
+            return np.load(out_dir / FEATURES, mmap_mode="r"), np.load(out_dir / ARGMAX), offsets
+    argmax = np.zeros(int(offsets[-1]), np.int32)
+    feats = np.lib.format.open_memmap(out_dir / FEATURES, mode="w+", dtype=np.float16, shape=(int(offsets[-1]), width))
+    init_cache = target.init_cache
+    cfg = target.config
+
+    @jax.jit
+    def forward(params, tokens):
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        # the taps and the last layer's output (tap num_layers) of one pass; the latter through the final norm
+        logits, tapped, _ = llama.taps_fn(cfg, aux + (cfg.num_layers,))(
+            params, tokens, positions, init_cache(*tokens.shape)
+        )
+        final = _norm(cfg, params["final_norm"], tapped[..., -cfg.hidden_size :])
+        feats = jnp.concatenate([tapped[..., : -cfg.hidden_size], final], -1).astype(jnp.float16)
+        return feats, jnp.argmax(logits, -1).astype(jnp.int32)
+
+    order = sorted(range(len(records)), key=lambda i: offsets[i + 1] - offsets[i])
+    with tqdm(total=int(offsets[-1]), disable=not progress, desc="target features", unit="tok") as bar:
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            seqs = [records[i][0] + records[i][1] for i in chunk]
+            length = -(-max(map(len, seqs)) // 64) * 64  # few distinct shapes: few compiles
+            tokens = np.zeros((batch_size, length), np.int32)
+            for b, s in enumerate(seqs):
+                tokens[b, : len(s)] = s
+            x, top = (np.asarray(a) for a in forward(target.params, jnp.asarray(tokens)))
+            for b, i in enumerate(chunk):
+                feats[offsets[i] : offsets[i + 1]] = x[b, : len(seqs[b])]
+                argmax[offsets[i] : offsets[i + 1]] = top[b, : len(seqs[b])]
+            bar.update(sum(map(len, seqs)))
+    feats.flush()
+    np.save(out_dir / ARGMAX, argmax)
+    np.save(out_dir / OFFSETS, offsets)
+    done_mark.write_text(stamp)
+    return np.load(out_dir / FEATURES, mmap_mode="r"), argmax, offsets
+
+
+def _norm(cfg: llama.LlamaConfig, params, x):
+    return llama.RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset).apply({"params": params}, x)
+
+
+def _dense(params, x):
+    y = jnp.einsum("...i,io->...o", x, params["kernel"])
+    return y + params["bias"] if "bias" in params else y
+
+
+def ttt_logits(cfg: eagle3.Eagle3Config, params, tokens, feats, positions, steps: int):
+    """Training-time test: ``[steps]`` draft-vocabulary logits ``[B, T, draft vocab]`` (float32) of the head
+    unrolled on its own outputs. ``tokens [B, T + steps]`` (token ``i+1`` at index ``i``, teacher-forced),
+    ``feats [B, T, feature_size]`` (the target's tapped features at position ``i``), ``positions [B, T]`` (of the
+    features). Step ``k`` (from 1) at index ``i`` reads token index ``i+k-1`` at position ``positions[i]+k-1``
+    with the head's step-``k-1`` output there (the fused features for step 1), attends to step 1's keys at
+    indices ``<= i`` and to its own chain's keys of steps 2..k, and predicts the token after; the same
+    computation as drafting with the head's cache (tested against it)."""
+    lc = cfg.layer
+    h, kvh, d = lc.num_heads, lc.num_kv_heads, lc.head_dim
+    assert d is not None
+    if lc.sliding_window is not None or lc.attn_softcap is not None:
+        raise ValueError("training an EAGLE-3 head on a target with sliding-window or soft-capped attention")
+    p = params["layer"]
+    batch, length = feats.shape[:2]
+    rot = llama.rotation(lc.rotary_dim or d, lc.rope_theta, lc.rope_type, **dict(lc.rope_params))
+    scale = lc.attention_multiplier or (lc.query_pre_attn_scalar or d) ** -0.5
+    causal = jnp.arange(length)[None, :] <= jnp.arange(length)[:, None]  # [query i, key s]: s <= i
+    embed = params["embed"]
+    g = _dense(params["fc"], feats.astype(lc.jnp_dtype))
+    keys, values, out = [], [], []
+    for k in range(steps):
+        e = jnp.take(embed, tokens[:, k : k + length], axis=0).astype(lc.jnp_dtype)
+        if lc.embed_scale:
+            e = e * jnp.asarray(lc.hidden_size**0.5, lc.jnp_dtype)
+        if lc.embedding_multiplier != 1.0:
+            e = e * lc.embedding_multiplier
+        hn = _norm(lc, p["hidden_norm"], g)
+        x_in = jnp.concatenate([_norm(lc, p["input_norm"], e), hn], -1)
+        a = p["attn"]
+        q = _dense(a["q_proj"], x_in).reshape(batch, length, h, d)
+        kk = _dense(a["k_proj"], x_in).reshape(batch, length, kvh, d)
+        vv = _dense(a["v_proj"], x_in).reshape(batch, length, kvh, d)
+        if lc.qk_norm:
+            q, kk = _norm(lc, a["q_norm"], q), _norm(lc, a["k_norm"], kk)
+        pos = positions + k
+        q, kk = llama.apply_rope(q, pos, rot), llama.apply_rope(kk, pos, rot)
+        keys.append(kk)
+        values.append(vv)
+        q = q.reshape(batch, length, kvh, h // kvh, d)
+        first = jnp.einsum("btkgd,bskd->bkgts", q, keys[0], preferred_element_type=jnp.float32) * scale
+        first = jnp.where(causal[None, None, None], first, jnp.finfo(jnp.float32).min)
+        own = [
+            jnp.einsum("btkgd,btkd->bkgt", q, kj, preferred_element_type=jnp.float32)[..., None] * scale
+            for kj in keys[1:]
+        ]
+        probs = jax.nn.softmax(jnp.concatenate([first, *own], -1), -1).astype(lc.jnp_dtype)
+        att = jnp.einsum("bkgts,bskd->btkgd", probs[..., :length], values[0])
+        for j, vj in enumerate(values[1:]):
+            att = att + jnp.einsum("bkgt,btkd->btkgd", probs[..., length + j], vj)
+        x = (hn if cfg.norm_before_residual else g) + _dense(a["o_proj"], att.reshape(batch, length, h * d))
+        mlp = llama.MLP(lc).apply({"params": p["mlp"]}, _norm(lc, p["post_attn_norm"], x))
+        x = x + mlp
+        f = _norm(lc, params["final_norm"], x)
+        out.append(jnp.einsum("bth,hv->btv", f, params["lm_head"], preferred_element_type=jnp.float32))
+        g = x
+    return jnp.stack(out)
+
+
+@functools.cache
+def train_step_fn(cfg: eagle3.Eagle3Config, steps: int):
+    """Jitted ``(own, opt_state, shared, tokens, feats, top, positions, mask, schedule) -> (own, opt_state, loss,
+    agreement [steps])``: one optimizer step on the loss of the module docstring (``schedule = [learning_rate,
+    warmup, total steps]``; ``top [B, W+1]`` the target's top token after each position); ``agreement[k]``: the
+    share of step k+1's valid positions where the head's top draft is the target's top token (greedy acceptance,
+    teacher-forced)."""
+    n_aux = len(cfg.aux_layers)
+    hidden = cfg.target_hidden
+
+    ids = jnp.asarray(np.asarray(cfg.vocab_ids), jnp.int32)
+
+    def loss_fn(own, shared, tokens, feats, top, positions, mask):
+        params = {**own, "embed": shared["embed"]}
+        width = tokens.shape[1] - 1  # chains i = 0 .. W-1: step 1 reads token i+1
+        pad = steps
+        tok = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))  # token i+1 at index i
+        msk = jnp.pad(mask, ((0, 0), (0, pad + 1)))
+        aux = feats[:, :width, : n_aux * hidden]
+        final = jnp.pad(feats[:, :, n_aux * hidden :], ((0, 0), (0, pad + 1), (0, 0)))
+        top = jnp.pad(top, ((0, 0), (0, pad + 1)))
+        logits = ttt_logits(cfg, params, tok, aux, positions[:, :width], steps)
+        total, agree = 0.0, []
+        for k in range(steps):
+            # step k+1 at chain i predicts token i+k+2: the target's distribution at index i+k+1
+            real = final[:, k + 1 : k + 1 + width]
+            m = msk[:, k + 1 : k + 1 + width] * msk[:, :width]
+            p = jax.nn.softmax(jnp.einsum("btd,dv->btv", real, shared["head"], preferred_element_type=jnp.float32), -1)
+            logq = jax.nn.log_softmax(logits[k], -1)
+            count = jnp.maximum(jnp.sum(m), 1.0)
+            total = total + STEP_DECAY**k * jnp.sum(-jnp.sum(jax.lax.stop_gradient(p) * logq, -1) * m) / count
+            agree.append(jnp.sum((ids[jnp.argmax(logits[k], -1)] == top[:, k + 1 : k + 1 + width]) * m) / count)
+        return total, jnp.stack(agree)
+
+    @jax.jit
+    def step(own, opt_state, shared, tokens, feats, top, positions, mask, schedule):
+        optimizer = make_optimizer(*schedule)
+        args = (own, shared, tokens, feats, top, positions, mask)
+        (loss, agree), grads = jax.value_and_grad(loss_fn, has_aux=True)(*args)
+        updates, opt_state = optimizer.update(grads, opt_state, own)
+        return optax.apply_updates(own, updates), opt_state, loss, agree
+
+    return step
+
+
+def train_head(
+    target: CausalLM,
+    data,
+    *,
+    out_dir,
+    steps_ahead: int = 4,
+    vocab: int | None = None,
+    aux_layers: tuple[int, ...] | None = None,
+    init: eagle.EagleDrafter | None = None,
+    steps: int = 1000,
+    batch_size: int = 8,
+    window: int = 256,
+    learning_rate: float = 1e-3,
+    warmup: int | None = None,
+    seed: int = 0,
+    checkpoint_every: int = 100,
+    log_every: int = 25,
+    progress: bool = True,
+    name: str | None = None,
+    stop_at: int | None = None,
+) -> tuple[eagle.EagleDrafter, list]:
+    """Train a new EAGLE-3 head for ``target`` on ``data`` (a JSONL path or ``read_data``'s list) with
+    ``steps_ahead`` steps of training-time test, over a draft vocabulary of the ``vocab`` ids most frequent in it
+    (plus the EOS ids; None: the full vocabulary) and the target's ``aux_layers`` (default EAGLE-3's low, middle
+    and high), or go on training the EAGLE-3 head ``init`` (its vocabulary and layers stay: do not give ``vocab``
+    or ``aux_layers``); resumes from ``out_dir``. ``stop_at``: stop after that step (a checkpoint is written
+    there), as a kill would, with the schedule of ``steps``: a later call goes on to ``steps``. Returns the
+    ``EagleDrafter`` and this call's log records (also appended to ``out_dir/distill_log.jsonl``, with each step's
+    teacher-forced top-1 agreement)."""
+    records = read_data(data) if isinstance(data, (str, Path)) else list(data)
+    if init is not None:
+        if not isinstance(init, eagle.EagleDrafter) or not init.eagle3:
+            raise ValueError(f"init must be an EAGLE-3 head (jaxspec.eagle.load), got {getattr(init, 'name', init)!r}")
+        if vocab is not None or aux_layers is not None:
+            raise ValueError("init: the head keeps its own vocabulary and layers; do not give vocab or aux_layers")
+        if init.target_config != target.config:
+            raise ValueError(f"init: the EAGLE head {init.name!r} was made for another target than {target.name!r}")
+    for key, value in (("steps", steps), ("batch_size", batch_size), ("window", window), ("steps_ahead", steps_ahead)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be an int >= 1, got {value!r}")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
+    if any(t < 0 or t >= target.vocab_size for p, o in records for t in p + o):
+        raise ValueError(f"data has token ids outside the target's vocabulary [0, {target.vocab_size})")
+    if init is not None:
+        cfg = init.config
+        assert isinstance(cfg, eagle3.Eagle3Config)
+        own = {k: jnp.asarray(init.params[k]) for k in eagle3.OWN}
+    else:
+        vocab_ids: tuple[int, ...] = tuple(range(target.vocab_size))
+        if vocab:
+            eos = target.eos_token_id
+            always = () if eos is None else [eos] if isinstance(eos, int) else eos
+            vocab_ids = choose_vocab(records, vocab, vocab_size=target.vocab_size, always=always)
+        cfg = eagle3.head_config(target.config, vocab_ids, aux_layers=aux_layers)
+        own = eagle3.init_own(cfg, seed, lm_head=eagle3.target_head_columns(cfg, target.config, target.params))
+    out_dir = Path(out_dir).resolve()
+    feats, argmax, offsets = extract_features(target, records, cfg.aux_layers, out_dir, progress=progress)
+    argmax_column = argmax[:, None]
+    step_fn = train_step_fn(cfg, steps_ahead)
+    shared = {
+        "embed": target.params["embed"]["embedding"],
+        "head": eagle3.target_head_columns(cfg, target.config, target.params),
+    }
+    schedule = jnp.asarray([learning_rate, steps // 20 if warmup is None else warmup, steps], jnp.float32)
+    state = {"params": own, "opt_state": make_optimizer(*schedule).init(own), "loss": jnp.float32(jnp.nan)}
+    log = []
+    with (
+        Checkpoints(out_dir / "checkpoints") as checkpoints,
+        tqdm(total=steps, disable=not progress, desc="EAGLE-3 head") as bar,
+    ):
+        state, start = checkpoints.restore(state, name="out_dir", what="this head")
+        bar.update(min(start, steps))
+        own, opt_state, last = state["params"], state["opt_state"], state["loss"]
+        seen, t0 = 0, time.perf_counter()
+        agree = jnp.zeros(steps_ahead)
+        last_step = steps if stop_at is None else min(steps, stop_at)
+        for step in range(start, last_step):
+            tokens, x, positions, mask = batch_at(
+                records, feats, offsets, step, seed=seed, batch_size=batch_size, window=window
+            )
+            # the same windows (a pure function of seed and step) of the target's top tokens
+            top = batch_at(records, argmax_column, offsets, step, seed=seed, batch_size=batch_size, window=window)[1]
+            batch = (tokens, x, top[..., 0].astype(np.int32), positions, mask)
+            own, opt_state, last, agree = step_fn(own, opt_state, shared, *batch, schedule)
+            seen += int(mask.sum())
+            done = step + 1
+            if due(done, checkpoint_every, steps) or done == last_step:
+                checkpoints.save(done, {"params": own, "opt_state": opt_state, "loss": last})
+            bar.update(1)
+            if due(done, log_every, steps):
+                record: dict[str, Any] = {"step": done, "loss": float(last), "tok_s": seen / (time.perf_counter() - t0)}
+                record["loss_kind"] = "eagle3"
+                record["agreement"] = [round(float(a), 4) for a in agree]
+                bar.set_postfix(loss=f"{record['loss']:.4f}")
+                log.append(record)
+                append_jsonl(out_dir / LOG_FILE, record)
+    name = name or (init.name if init is not None else "eagle3")
+    scale = 1.0 if init is None else init.temperature_scale
+    return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=scale), log

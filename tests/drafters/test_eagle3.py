@@ -1,0 +1,204 @@
+"""EAGLE-3 heads (jaxspec.models.eagle3 through jaxspec.eagle): the target's tapped layers, the draft vocabulary's
+map to target ids, exact greedy output through the loop and the engine, saving and loading, and clear errors.
+
+Parity with the reference implementation and loading published layouts: test_eagle3_formats.py. The statistical
+exactness of sampling with an EAGLE-3 head is in tests/generation/test_exactness.py (with its negative control)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import tiny_config
+
+import jaxspec
+from jaxspec.drafters import eagle
+from jaxspec.models import eagle3, families, llama
+
+PROMPTS = [[5, 9, 11, 3, 7, 21, 40, 2, 8], [3], [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73], [17, 4]]
+VOCAB_IDS = tuple(range(95, 0, -3))  # a draft vocabulary whose rows are not in target-id order
+
+
+@pytest.fixture(scope="module")
+def target():
+    return llama.init(tiny_config(num_layers=4), seed=0, eos_token_id=1)
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    cfg = eagle3.head_config(target.config, VOCAB_IDS, aux_layers=(1, 2, 4))
+    own = eagle3.init_own(cfg, seed=1)
+    return eagle.EagleDrafter.for_target(target, own, config=cfg, name="head3")
+
+
+def test_taps_are_the_hidden_states_entering_those_layers_in_both_layouts(target):
+    """Tap 0 is the embedding output, tap L the last layer's output (before the final norm, whose application gives
+    the final-norm features), tap i the output of layer i-1: checked against the model run with 1 and 2 of its
+    layers; the stacked layout taps the same states as the split one."""
+    cfg = target.config
+    tokens = jnp.asarray([PROMPTS[0]])
+    positions = jnp.arange(tokens.shape[1])[None]
+    cache = target.init_cache(1, 16)
+    _, taps, _ = llama.taps_fn(cfg, (0, 1, 2, 4))(target.params, tokens, positions, cache)
+    taps = np.asarray(taps).reshape(1, tokens.shape[1], 4, cfg.hidden_size)
+    np.testing.assert_allclose(taps[:, :, 0], np.asarray(target.params["embed"]["embedding"])[np.asarray(tokens)])
+    for k in (1, 2):  # the first k layers alone, their output before the final norm
+        part = families.first_layers(target, k)
+        _, x, _ = llama.taps_fn(part.config, (k,))(part.params, tokens, positions, part.init_cache(1, 16))
+        np.testing.assert_allclose(taps[:, :, k], np.asarray(x), rtol=1e-5, atol=1e-5)
+    _, final, _ = llama.features_fn(cfg)(target.params, tokens, positions, cache)
+    normed = llama.RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype).apply(
+        {"params": target.params["final_norm"]}, jnp.asarray(taps[:, :, 3])
+    )
+    np.testing.assert_allclose(np.asarray(normed), np.asarray(final), rtol=1e-5, atol=1e-5)
+    stacked = families.stack_layers(target.params)
+    _, taps_stacked, _ = llama.taps_fn(cfg, (0, 1, 2, 4))(stacked, tokens, positions, cache)
+    np.testing.assert_allclose(np.asarray(taps_stacked).reshape(taps.shape), taps, rtol=1e-6, atol=1e-6)
+
+
+def test_draft_rows_map_to_their_target_ids_and_nothing_else(head):
+    """Row d of the head's logits is target id vocab_ids[d]; every id outside the draft vocabulary gets -inf (q =
+    0 there). Negative control: reading the rows in target-id order (the wrong map) differs."""
+    apply_fn, init_cache = eagle3.head_fns(head.config)
+    tokens = jnp.asarray([[4, 7, 9]])
+    feats = jax.random.normal(jax.random.key(2), (1, 3, head.config.feature_size))
+    positions = jnp.arange(3)[None]
+    rows, _, _ = apply_fn(head.params, tokens, feats, positions, init_cache(1, 8), False)
+    full, _, _ = apply_fn(head.params, tokens, feats, positions, init_cache(1, 8))
+    rows, full = np.asarray(rows), np.asarray(full)
+    assert rows.shape[-1] == len(VOCAB_IDS) and full.shape[-1] == head.config.vocab_size
+    np.testing.assert_array_equal(full[..., list(VOCAB_IDS)], rows)
+    outside = np.setdiff1d(np.arange(head.config.vocab_size), VOCAB_IDS)
+    assert np.all(np.isneginf(full[..., outside]))
+    assert not np.allclose(full[..., sorted(VOCAB_IDS)], rows)  # negative control: the wrong order
+
+
+def test_later_steps_read_the_heads_own_hidden_state(head):
+    """A step reads fused target features (feature_size wide, through fc) or the head's own output (hidden wide,
+    as is): the same hidden state given both ways, fc's output and the raw state, gives the same logits."""
+    apply_fn, init_cache = eagle3.head_fns(head.config)
+    tokens, positions = jnp.asarray([[4]]), jnp.asarray([[0]])
+    feats = jax.random.normal(jax.random.key(3), (1, 1, head.config.feature_size))
+    fused = feats @ head.params["fc"]["kernel"]
+    a, _, _ = apply_fn(head.params, tokens, feats, positions, init_cache(1, 4))
+    b, _, _ = apply_fn(head.params, tokens, fused, positions, init_cache(1, 4))
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="feats must be"):
+        apply_fn(head.params, tokens, feats[..., :5], positions, init_cache(1, 4))
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_with_an_eagle3_head_equals_plain(target, head, gamma):
+    kwargs = dict(max_new_tokens=30, temperature=0.0, eos_token_id=())
+    plain = jaxspec.generate(target, PROMPTS, **kwargs)
+    spec = jaxspec.generate(target, PROMPTS, draft=head, gamma=gamma, **kwargs)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.mode == "speculative" and spec.stats.drafted > 0
+
+
+def test_engine_with_an_eagle3_head_equals_plain(target, head):
+    prompts = PROMPTS * 3
+    kwargs = dict(max_new_tokens=24, temperature=0.0, eos_token_id=())
+    plain = jaxspec.generate(target, prompts, **kwargs)
+    engine = jaxspec.Engine(target, draft=head, gamma=3, slots=4, **kwargs)
+    rows = sorted(engine.run(prompts), key=lambda r: r.index)
+    assert [r.tokens for r in rows] == plain.tokens
+    assert sum(r.stats.drafted for r in rows) > 0
+
+
+def test_save_and_load_round_trip(tmp_path, target, head):
+    path = eagle.save(head, tmp_path / "h3")
+    back = eagle.load(path, target)
+    assert back.config == head.config and back.eagle3
+    for a, b in zip(jax.tree.leaves(head.params), jax.tree.leaves(back.params)):  # stored as float16
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-3)
+    kwargs = dict(max_new_tokens=12, temperature=0.0, eos_token_id=())
+    assert jaxspec.generate(target, PROMPTS, draft=back, gamma=2, **kwargs).tokens == (
+        jaxspec.generate(target, PROMPTS, **kwargs).tokens
+    )
+
+
+def test_a_head_that_does_not_fit_its_target_is_refused(target, head):
+    other = llama.init(tiny_config(num_layers=2), seed=0, eos_token_id=1)  # aux layer 4 does not exist there
+    with pytest.raises(ValueError, match="aux_layers"):
+        eagle.EagleDrafter.for_target(other, eagle3.init_own(head.config), config=head.config)
+    with pytest.raises(ValueError, match="draft: the EAGLE head"):
+        jaxspec.generate(other, PROMPTS, draft=head, max_new_tokens=4)
+    with pytest.raises(ValueError, match="vocab_ids"):
+        eagle3.head_config(target.config, (1, 1, 2))
+    with pytest.raises(ValueError, match="vocab_ids"):
+        eagle3.head_config(target.config, (1, target.config.vocab_size))
+    with pytest.raises(ValueError, match="aux_layers"):
+        eagle3.head_config(target.config, VOCAB_IDS, aux_layers=(1, 9))
+
+
+def test_training_time_test_computes_what_drafting_computes(target, head):
+    """ttt_logits' step k at position i equals the head drafting with its cache: a window pass over the fused
+    features up to i, then k-1 steps each reading the head's own output with the next (teacher-forced) token.
+    Negative control: step 2 attending to step 1's keys past its chain start (plain causal attention over the
+    window) differs."""
+    from jaxspec.training import eagle3 as train3
+
+    cfg = head.config
+    apply_fn, init_cache = eagle3.head_fns(cfg)
+    rng = np.random.default_rng(5)
+    length, steps = 9, 3
+    tokens = jnp.asarray(rng.integers(2, 96, size=(2, length + steps)), jnp.int32)
+    feats = jnp.asarray(rng.normal(size=(2, length, cfg.feature_size)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(length), (2, length))  # the cache attends to every slot up to a position
+    got = np.asarray(train3.ttt_logits(cfg, head.params, tokens, feats, positions, steps))
+    for i in (0, 3, length - 1):
+        cache = init_cache(2, 32)
+        logits, x, cache = apply_fn(
+            head.params, tokens[:, : i + 1], feats[:, : i + 1], positions[:, : i + 1], cache, False
+        )
+        np.testing.assert_allclose(got[0, :, i], np.asarray(logits[:, -1]), rtol=2e-4, atol=2e-4)
+        own = x[:, -1:]
+        for k in range(1, steps):
+            pos = positions[:, i : i + 1] + k
+            logits, x, cache = apply_fn(head.params, tokens[:, i + k : i + k + 1], own, pos, cache, False)
+            np.testing.assert_allclose(got[k, :, i], np.asarray(logits[:, 0]), rtol=2e-4, atol=2e-4)
+            own = x
+    # negative control: step 2 as one causal pass over the step-1 outputs in a fresh cache (each position seeing
+    # the earlier chains' step-2 keys, not step 1's) is not what drafting computes
+    _, x, _ = apply_fn(head.params, tokens[:, :length], feats, positions, init_cache(2, 32), False)
+    naive, _, _ = apply_fn(head.params, tokens[:, 1 : length + 1], x, positions + 1, init_cache(2, 32), False)
+    assert np.abs(np.asarray(naive[:, 1:]) - got[1, :, 1:]).max() > 1e-2
+
+
+def test_training_raises_agreement_and_resumes(tmp_path, target):
+    """A few hundred steps on the target's own greedy continuations raise every step's teacher-forced agreement
+    above the untrained head's; a run killed at step 40 and resumed ends with the parameters of one unbroken run."""
+    from jaxspec.training import eagle3 as train3
+
+    rng = np.random.default_rng(0)
+    prompts = [list(map(int, rng.integers(2, 96, size=int(rng.integers(3, 12))))) for _ in range(24)]
+    out = jaxspec.generate(target, prompts, max_new_tokens=40, temperature=0.0, eos_token_id=())
+    records = list(zip(prompts, out.tokens))
+    kw = dict(steps_ahead=3, vocab=64, batch_size=8, window=32, learning_rate=5e-3, progress=False, log_every=5)
+    trained, log = train3.train_head(target, records, out_dir=tmp_path / "a", steps=60, **kw)
+    first, last = log[0]["agreement"], log[-1]["agreement"]
+    assert all(b > a + 0.1 for a, b in zip(first, last)), (first, last)
+    assert trained.eagle3 and trained.config.draft_vocab_size == 64
+    _, part = train3.train_head(target, records, out_dir=tmp_path / "b", steps=60, stop_at=20, **kw)
+    assert part[-1]["step"] == 20
+    resumed, rest = train3.train_head(target, records, out_dir=tmp_path / "b", steps=60, **kw)
+    assert rest[0]["step"] == 25  # went on from the step-20 checkpoint
+    for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(trained.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # greedy acceptance with the trained head against the untrained one (its LM head is already the target's)
+    untrained = eagle.EagleDrafter.for_target(
+        target,
+        eagle3.init_own(
+            trained.config, lm_head=eagle3.target_head_columns(trained.config, target.config, target.params)
+        ),
+        config=trained.config,
+    )
+    kwargs = dict(max_new_tokens=40, temperature=0.0, eos_token_id=())
+    plain = jaxspec.generate(target, prompts[:8], **kwargs).tokens
+    alphas = []
+    for h in (untrained, trained):
+        spec = jaxspec.generate(target, prompts[:8], draft=h, gamma=1, **kwargs)
+        assert spec.tokens == plain
+        alphas.append(spec.stats.acceptance_rate)
+    print("agreement", first, last, "greedy alpha untrained, trained", alphas)
+    assert alphas[1] > max(2 * alphas[0], 0.1), alphas
