@@ -153,6 +153,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="--humaneval: the EAGLE head's fixed γ (default --gamma); several: one eagle@G mode each, interleaved",
     )
     p.add_argument(
+        "--eagle3-head",
+        metavar="DIR",
+        help="--humaneval: an EAGLE-3 head (jaxspec.eagle.load's: saved, or a published checkpoint) run beside "
+        "the EAGLE head as eagle3@G modes",
+    )
+    p.add_argument(
+        "--eagle3-gamma",
+        type=lambda s: [int(x) for x in s.split(",")],
+        metavar="G[,G...]",
+        help="--humaneval: the EAGLE-3 head's fixed γ values, one eagle3@G mode each (default 2)",
+    )
+    p.add_argument(
         "--eagle-scale",
         type=lambda s: [float(x) for x in s.split(",")],
         metavar="S[,S...]",
@@ -266,8 +278,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error("--slots and --pool must be >= 1")
     elif args.pair in ("shipped", "smollm2"):
         p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
-    if args.gamma < 1 or (args.eagle_gamma is not None and min(args.eagle_gamma) < 1):
-        p.error("--gamma and --eagle-gamma must be >= 1")
+    if args.gamma < 1 or any(g is not None and min(g) < 1 for g in (args.eagle_gamma, args.eagle3_gamma)):
+        p.error("--gamma, --eagle-gamma and --eagle3-gamma must be >= 1")
     if args.eagle_scale is not None:
         if not all(0 < s < float("inf") for s in args.eagle_scale):
             p.error("--eagle-scale values must be finite numbers > 0")

@@ -36,6 +36,7 @@ from jaxspec.formats import named
 from jaxspec.formats.jsonl import read_jsonl
 from jaxspec.generation.inputs import bucket_cache
 from jaxspec.policy import AutoGamma
+from jaxspec.policy.cost import position_counts
 
 TARGET, DRAFT, HEAD = "smollm2-135m-instruct", "jaxspec/smollm2-draft", "jaxspec/smollm2-eagle"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
@@ -69,7 +70,9 @@ def head_gamma_of(mode: str, default: int) -> int:
     return int(mode.split("@")[1]) if "@" in mode else default
 
 
-def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None) -> dict:
+def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None, head3=None) -> dict:
+    if mode.startswith("eagle3@"):
+        return dict(draft=head3, gamma=head_gamma_of(mode, gamma))
     if mode.startswith("eagle@"):
         return dict(draft=head, gamma=head_gamma_of(mode, gamma))
     if mode == "lookup+eagle":  # prompt lookup at γ where it matches, the head at its γ elsewhere
@@ -110,6 +113,10 @@ def run(args) -> dict:
     elif len(scales) > 1 and "eagle" in modes:  # the head at each scale (one γ), interleaved
         at = modes.index("eagle")
         modes[at : at + 1] = [f"eagle~{s:g}" for s in scales]
+    head3 = eagle.load(args.eagle3_head, target) if getattr(args, "eagle3_head", None) else None
+    head3_gammas = tuple(getattr(args, "eagle3_gamma", None) or (2,))
+    if head3 is not None:  # the EAGLE-3 head at each of its γ, after the other modes
+        modes += [f"eagle3@{g}" for g in head3_gammas]
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -129,6 +136,11 @@ def run(args) -> dict:
     # the median prompt length: a float (x.5) for an even count of prompts, which the timed steps' positions truncate
     position: int = statistics.median(map(len, ids))  # type: ignore[assignment]
     timer = measure.round_timer(target, draft, args.gamma, cache_len, position, args.seed, head, head_gammas)
+    timer3 = (
+        measure.round_timer(target, draft, args.gamma, cache_len, position, args.seed, head3, head3_gammas)
+        if head3 is not None
+        else None
+    )
     policies = {m: AutoGamma() for m in AUTO_MODES}  # one policy per auto mode for the whole run
     doc = {
         "mode": "humaneval",
@@ -150,7 +162,9 @@ def run(args) -> dict:
         for batch in args.batches:
             calls = [ids[i : i + batch] for i in range(0, len(ids), batch)]
             base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
-            totals = {m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0) for m in modes}
+            totals = {
+                m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hist=[]) for m in modes
+            }
             choices: dict[str, dict[str, int]] = {m: {} for m in AUTO_MODES}
             seen_buckets = set()
             for k, call in enumerate(calls):
@@ -164,7 +178,7 @@ def run(args) -> dict:
                             call,
                             seed=args.seed,
                             **base,
-                            **_kwargs(m, draft, args.gamma, policies, head, head_gamma),
+                            **_kwargs(m, draft, args.gamma, policies, head, head_gamma, head3),
                         ).stats
                         if m not in doc["first_compile_s"]:
                             doc["first_compile_s"][m] = {
@@ -182,7 +196,7 @@ def run(args) -> dict:
                         call,
                         seed=args.seed + k,
                         **base,
-                        **_kwargs(m, draft, args.gamma, policies, head, head_gamma),
+                        **_kwargs(m, draft, args.gamma, policies, head, head_gamma, head3),
                     ).stats
                     t = totals[m]
                     t["tokens"] += s.generated_tokens
@@ -191,14 +205,22 @@ def run(args) -> dict:
                     t["accepted"] += s.accepted
                     t["rounds"] += s.rounds
                     t["row_steps"] += s.target_passes
+                    hist = list(s.accept_hist or ())
+                    t["hist"] = [a + b for a, b in zip(t["hist"] + [0] * len(hist), hist + [0] * len(t["hist"]))]
                     if m in AUTO_MODES and s.policy:
                         key = "plain" if s.policy.get("gamma", 0) == 0 else f"γ={s.policy['gamma']}"
                         choices[m][key] = choices[m].get(key, 0) + 1
                 timer.block(args.step_iters)
+                if timer3 is not None:
+                    timer3.block(args.step_iters)
             c, v = measure.step_ratios(timer.medians(), args.gamma)
             head_costs = {  # γ -> (c, v) of the head's round at that γ
                 g: (measure.head_ratio(timer.medians(), g), measure.step_ratios(timer.medians(), g)[1])
                 for g in (head_gammas if head is not None else ())
+            }
+            head3_costs = {  # γ -> (c, v) of the EAGLE-3 head's round at that γ
+                g: (measure.head_ratio(timer3.medians(), g), measure.step_ratios(timer3.medians(), g)[1])
+                for g in (head3_gammas if timer3 is not None else ())
             }
             plain = totals["plain"]
             plain_tps = plain["tokens"] / plain["seconds"]
@@ -210,13 +232,18 @@ def run(args) -> dict:
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                if (m in HEAD_MODES and m != "lookup+eagle") or m.startswith(("eagle@", "eagle~")):
+                if m.startswith("eagle3@"):
+                    g = head_gamma_of(m, 2)
+                    cm, vm = head3_costs[g]
+                elif (m in HEAD_MODES and m != "lookup+eagle") or m.startswith(("eagle@", "eagle~")):
                     g = head_gamma_of(m, head_gamma)
                     cm, vm = head_costs[g]
                 else:
                     g, cm, vm = args.gamma, c, v
                 bound = tau / (g * cm + vm) if m == "fixed" or (m.startswith("eagle") and m != "eagle-auto") else None
                 bound_alpha = bound_cpu(alpha, g, cm, vm) if bound and alpha is not None else None
+                reached, accepted = position_counts(t["hist"])
+                positions = [a / r if r else None for a, r in zip(accepted, reached)]
                 row = {
                     "temperature": temp,
                     "batch": batch,
@@ -230,6 +257,9 @@ def run(args) -> dict:
                     "c": cm,
                     "v": vm,
                     "bound": bound,
+                    "bound_v1": None if bound is None else tau / (g * cm + 1.0),
+                    "position_acceptance": positions,
+                    "accept_hist": t["hist"],
                     "bound_alpha_formula": bound_alpha,
                     "tokens": t["tokens"],
                     "seconds": t["seconds"],
@@ -246,7 +276,12 @@ def run(args) -> dict:
                     f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}",
                     flush=True,
                 )
+                if positions and m != "plain":
+                    per = ", ".join("-" if a is None else f"{a:.3f}" for a in positions)
+                    at1 = "" if bound is None else f"; bound at v = 1: {tau / (g * cm + 1.0):.2f}"
+                    print(f"{'':>6}   α by draft position: {per}{at1}", flush=True)
             head_c = "".join(f", EAGLE head γ = {g}: c {hc:.3f} v {hv:.2f}" for g, (hc, hv) in head_costs.items())
+            head_c += "".join(f", EAGLE-3 γ = {g}: c {hc:.3f} v {hv:.2f}" for g, (hc, hv) in head3_costs.items())
             print(
                 f"{'':>6}   c {c:.3f}{head_c}, v {v:.2f} (batch-1 steps: target "
                 f"{timer.medians()['target_1'] * 1e3:.1f} ms)",

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from jaxspec.cli.progress import Progress
 from jaxspec.drafters import eagle
+from jaxspec.formats import eagle3 as eagle3_format
 from jaxspec.formats.loader import load
 from jaxspec.formats.orbax import save
 from jaxspec.formats.paths import resolve
 from jaxspec.training import distill as distill_lib
+from jaxspec.training import eagle3 as eagle3_training
 from jaxspec.training.distill import LOSSES, distill, measure_alpha, read_prompts
 from jaxspec.training.eagle import agreement, train_head, tune_temperature_scale
 from jaxspec.training.offline import distill_offline, make_draft, parse_spec, read_data
@@ -41,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead of --draft: a new Llama draft for the target, e.g. hidden=256,layers=2,heads=4,"
         "kv_heads=1,intermediate=768 (embedding initialised from the target's), or target_layers=2 "
         "(the target's first 2 layers, embedding and norm), or eagle=1 (an EAGLE head of 1 layer that "
-        "drafts from the target's hidden states; --data only, see jaxspec.training.eagle); add vocab=N for a "
+        "drafts from the target's hidden states; --data only, see jaxspec.training.eagle), or eagle3=4 (an "
+        "EAGLE-3 head over the target's low, middle and high layers, trained with 4 draft steps of "
+        "training-time test; --data only, see jaxspec.training.eagle3); add vocab=N for a "
         "reduced vocabulary of the N ids most frequent in --data (see distill_offline)",
     )
     ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
@@ -109,14 +113,15 @@ def main(argv=None):
             spec = parse_spec(args.new_draft)
         except ValueError as e:
             ap.error(str(e))
-        if "eagle_layers" in spec:
+        if "eagle_layers" in spec or "eagle3_steps" in spec:
             if not args.data:
-                ap.error("--new-draft eagle=K trains offline: give --data")
+                ap.error(f"--new-draft {args.new_draft.split('=')[0]}=K trains offline: give --data")
             return _run_eagle(args, target, spec)
         draft = make_draft(target, read_data(args.data) if args.data else None, seed=args.seed, **spec)
     else:
         progress.stage("loading", f"draft {args.draft}")
-        if eagle.is_head(resolve(args.draft)):  # go on training a head, e.g. on the user's own workload
+        where = resolve(args.draft)
+        if eagle.is_head(where) or eagle3_format.is_eagle3(where):  # go on training a head (e.g. on your workload)
             if not args.data:
                 ap.error("--draft: an EAGLE head trains offline: give --data")
             return _run_eagle(args, target, {}, init=eagle.load(args.draft, target))
@@ -178,9 +183,57 @@ def _scale_arg(text: str):
     return value
 
 
+def _run_eagle3(args, target, spec, init=None):
+    """``--new-draft eagle3=K[,vocab=N] --data`` (or ``--draft HEAD --data`` with an EAGLE-3 head):
+    ``jaxspec.training.eagle3.train_head``, per-step agreement on ``--heldout-data`` if given, ``--save-draft``."""
+    name = Path(args.save_draft).name if args.save_draft else init.name if init else "eagle3"
+    held = read_data(args.heldout_data) if args.heldout_data else None  # a bad file fails before training
+    steps = spec.get("eagle3_steps", 4)
+    before = eagle3_training.agreement(target, init, held, steps=steps) if held and init is not None else None
+    head, log = eagle3_training.train_head(
+        target,
+        args.data,
+        out_dir=args.out,
+        steps_ahead=steps,
+        vocab=spec.get("vocab"),
+        init=init,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        window=args.window,
+        learning_rate=args.learning_rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        progress=not args.no_progress,
+        name=name,
+    )
+    _report(args, log, target, head)
+    if args.temperature_scale == "auto":
+        best, table = eagle3_training.tune_temperature_scale(target, head, held)
+        print("held-out acceptance at temperature 1 (teacher-forced, per draft step) by temperature scale:")
+        for scale, accepts in table.items():
+            print(f"  {scale:g}: {' / '.join(f'{a:.3f}' for a in accepts)}" + ("  <- chosen" if scale == best else ""))
+        head = dataclasses.replace(head, temperature_scale=best)
+    elif args.temperature_scale is not None:
+        head = dataclasses.replace(head, temperature_scale=args.temperature_scale)
+    if held:
+        after = eagle3_training.agreement(target, head, held, steps=steps)
+        for key, what in (("steps", "agreement"), ("accept", "acceptance at temperature 1")):
+            was = " / ".join(f"{a:.3f}" for a in before[key]) + " -> " if before else ""
+            now = " / ".join(f"{a:.3f}" for a in after[key])
+            print(f"held-out {what} (teacher-forced, per draft step): {was}{now} on {len(held)} records")
+        print(f"temperature scale: {head.temperature_scale:g}")
+    if args.save_draft:
+        print(f"saved the EAGLE-3 head to {eagle.save(head, args.save_draft)}")
+    return head
+
+
 def _run_eagle(args, target, spec, init=None):
     """``--new-draft eagle=K[,vocab=N] --data`` (or ``--draft HEAD --data``: go on training ``init``):
-    ``jaxspec.training.eagle.train_head``, α on ``--heldout`` if given, ``--save-draft`` with ``jaxspec.eagle.save``."""
+    ``jaxspec.training.eagle.train_head``, α on ``--heldout`` if given, ``--save-draft`` with ``jaxspec.eagle.save``.
+    An EAGLE-3 spec or head goes to ``_run_eagle3``."""
+    if "eagle3_steps" in spec or (init is not None and init.eagle3):
+        return _run_eagle3(args, target, spec, init)
     name = Path(args.save_draft).name if args.save_draft else init.name if init else "eagle"
     held = read_data(args.heldout_data) if args.heldout_data else None  # a bad file fails before training
     before = agreement(target, init, held) if held and init is not None else None

@@ -9,6 +9,7 @@ import jaxspec
 from jaxspec.cli.common import CliError
 from jaxspec.cli.progress import Progress
 from jaxspec.drafters import eagle
+from jaxspec.formats import eagle3 as eagle3_format
 from jaxspec.formats import hub, named, paths
 
 # a named model: SmolLM2-135M-Instruct (GGUF, fetched once; jaxspec.formats.named)
@@ -88,8 +89,10 @@ def load_models(args: argparse.Namespace, progress: Progress | None = None):
 
 
 def _load_draft(value: str, target, load):
-    """A draft model, or an EAGLE head (``jaxspec.eagle``) made for ``target``."""
-    if eagle.is_head(paths.resolve(value)):
+    """A draft model, or an EAGLE head (``jaxspec.eagle``: saved, or a published EAGLE-3 checkpoint) made for
+    ``target``."""
+    where = paths.resolve(value)
+    if eagle.is_head(where) or eagle3_format.is_eagle3(where):
         try:
             return eagle.load(value, target)
         except ValueError as err:

@@ -312,3 +312,102 @@ def train_head(
     name = name or (init.name if init is not None else "eagle3")
     scale = 1.0 if init is None else init.temperature_scale
     return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=scale), log
+
+
+SCALES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0, 1.1, 1.25)  # tune_temperature_scale's default grid
+
+
+@functools.cache
+def _agreement_fn(target_cfg: llama.LlamaConfig, cfg: eagle3.Eagle3Config, steps: int, scales: tuple):
+    ids = jnp.asarray(np.asarray(cfg.vocab_ids), jnp.int32)
+
+    @jax.jit
+    def measure(target_params, params, tokens, start, stop):
+        batch, width = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
+        _, init_target = llama.model_fns(target_cfg)
+        logits, taps, _ = llama.taps_fn(target_cfg, cfg.aux_layers)(
+            target_params, tokens, positions, init_target(batch, width)
+        )
+        want = jnp.argmax(logits, -1)  # [B, T]: the target's top token after each position
+        p = jax.nn.softmax(logits.astype(jnp.float32), -1)[..., ids]  # at temperature 1, on the draft vocabulary
+        padded = jnp.pad(tokens[:, 1:], ((0, 0), (0, steps)))
+        drafted = ttt_logits(cfg, params, padded, taps, positions, steps)  # [steps, B, T, rows]
+        counts, accepts = [], []
+        for k in range(steps):
+            # step k+1 at position i drafts token i+k+2: the target's prediction at position i+k+1
+            at = jnp.arange(width) + k + 2
+            inside = (at[None] >= start[:, None]) & (at[None] < stop[:, None])
+            same = ids[jnp.argmax(drafted[k], -1)] == _shift(want, k + 1)
+            counts += [jnp.sum(same & inside), jnp.sum(inside)]
+            for scale in scales:  # P(accept) of a draft from q: sum_v min(p_v, q_v)
+                accept = jnp.sum(jnp.minimum(_shift(p, k + 1), jax.nn.softmax(drafted[k] / scale, -1)), -1)
+                accepts.append(jnp.sum(jnp.where(inside, accept, 0.0)))
+        return jnp.stack(counts).reshape(steps, 2), jnp.stack(accepts).reshape(steps, len(scales))
+
+    return measure
+
+
+def _shift(x, n: int):
+    """``x [B, T, ...]`` moved ``n`` positions earlier along T (zeros at the end)."""
+    return jnp.pad(x[:, n:], ((0, 0), (0, n)) + ((0, 0),) * (x.ndim - 2))
+
+
+def agreement(
+    target: CausalLM, head: eagle.EagleDrafter, data, *, steps: int = 4, batch_size: int = 4, scales=None
+) -> dict:
+    """Teacher-forced agreement of the EAGLE-3 ``head`` with ``target`` on the outputs of ``data`` (a JSONL path or
+    ``read_data``'s list), per draft step: ``{"steps": [share of step k's drafts that are the target's top token],
+    "accept": [mean P(accept) of a draft sampled at temperature 1 there, sum_v min(p_v, q_v)], "tokens": drafts
+    counted per step}``; with ``scales``, ``"by_scale"``: ``{scale: [accept per step]}`` (q at temperature
+    ``scale``). Step k reads the head's own step-(k-1) output as drafting does (``ttt_logits``); only drafted
+    tokens inside the output count."""
+    if not isinstance(head, eagle.EagleDrafter) or not head.eagle3:
+        raise ValueError(f"head must be an EAGLE-3 head (jaxspec.eagle.load), got {getattr(head, 'name', head)!r}")
+    if head.target_config != target.config:
+        raise ValueError(f"head: the EAGLE head {head.name!r} was made for another target than {target.name!r}")
+    cfg = head.config
+    assert isinstance(cfg, eagle3.Eagle3Config)
+    grid = tuple(float(s) for s in (scales or (head.temperature_scale,)))
+    measure = _agreement_fn(target.config, cfg, steps, grid)
+    records = read_data(data) if isinstance(data, (str, Path)) else list(data)
+    order = sorted(range(len(records)), key=lambda i: len(records[i][0]) + len(records[i][1]))
+    counts = np.zeros((steps, 2), np.int64)
+    accepted = np.zeros((steps, len(grid)))
+    for first in range(0, len(order), batch_size):
+        chunk = [records[i] for i in order[first : first + batch_size]]
+        width = -(-max(len(p) + len(o) for p, o in chunk) // 64) * 64  # few distinct shapes: few compiles
+        tokens = np.zeros((batch_size, width), np.int32)
+        start, stop = np.zeros(batch_size, np.int32), np.zeros(batch_size, np.int32)
+        for b, (prompt, output) in enumerate(chunk):
+            tokens[b, : len(prompt) + len(output)] = prompt + output
+            start[b], stop[b] = len(prompt), len(prompt) + len(output)
+        c, a = measure(target.params, head.params, tokens, start, stop)
+        counts += np.asarray(c)
+        accepted += np.asarray(a, np.float64)
+    total = np.maximum(counts[:, 1], 1)
+    out = {
+        "steps": [float(x) for x in counts[:, 0] / total],
+        "accept": [float(x) for x in accepted[:, 0] / total],
+        "tokens": [int(x) for x in counts[:, 1]],
+    }
+    if scales:
+        out["by_scale"] = {s: [float(x) for x in accepted[:, i] / total] for i, s in enumerate(grid)}
+    return out
+
+
+def tune_temperature_scale(target: CausalLM, head: eagle.EagleDrafter, data, *, scales=SCALES, steps: int = 2):
+    """The ``temperature_scale`` among ``scales`` under which the EAGLE-3 ``head``'s drafts at temperature 1 are
+    accepted most on ``data``'s outputs (teacher-forced: the expected accepted drafts of a ``steps``-draft round,
+    a1 + a1·a2 + ...), and ``{scale: [accept per step]}``."""
+    table = agreement(target, head, data, steps=steps, scales=scales)["by_scale"]
+
+    def expected(accepts):
+        run, total = 1.0, 0.0
+        for a in accepts:
+            run *= a
+            total += run
+        return total
+
+    best = max(table, key=lambda s: expected(table[s]))
+    return best, table

@@ -72,13 +72,15 @@ _SPEC_KEYS = {
     "intermediate": "intermediate_size",
     "target_layers": "target_layers",
     "eagle": "eagle_layers",
+    "eagle3": "eagle3_steps",
     "vocab": "vocab",
 }
 
 
 def parse_spec(text: str) -> dict:
     """``"hidden=256,layers=2"`` (a ``--new-draft`` spec; keys: hidden, layers, heads, kv_heads, intermediate,
-    target_layers, vocab; or eagle with vocab, for ``training.eagle.train_head``) -> keyword arguments of
+    target_layers, vocab; or eagle with vocab, for ``training.eagle.train_head``; or eagle3 (its steps of
+    training-time test) with vocab, for ``training.eagle3.train_head``) -> keyword arguments of
     ``make_draft``. ``ValueError`` for an unknown key, a value that
     is not a positive int, or ``target_layers`` with anything but ``vocab``."""
     out = {}
@@ -91,6 +93,11 @@ def parse_spec(text: str) -> dict:
         raise ValueError(
             "--new-draft: eagle=K is an EAGLE head of K layers at the target's width (jaxspec.training.eagle); "
             "it combines only with vocab=N"
+        )
+    if "eagle3_steps" in out and out.keys() - {"eagle3_steps", "vocab"}:
+        raise ValueError(
+            "--new-draft: eagle3=K is an EAGLE-3 head trained with K draft steps of training-time test "
+            "(jaxspec.training.eagle3); it combines only with vocab=N"
         )
     if "target_layers" in out and out.keys() - {"target_layers", "vocab"}:
         raise ValueError(

@@ -338,6 +338,13 @@ def test_humaneval_flags_and_head_modes(small_draft):
     assert hybrid == dict(draft=jaxspec.LookupFirst(small_draft, draft_gamma=2), gamma=4)
     auto_head = _kwargs("eagle-auto", "draft", 4, policies, head, 2)
     assert auto_head["gamma"] == "auto" and auto_head["policy"] is policies["eagle-auto"] is not policies["auto"]
+    # an EAGLE-3 head beside the EAGLE head: one eagle3@G mode per γ
+    args = parse_args(["--humaneval", "--eagle3-head", "h3", "--eagle3-gamma", "2,5"])
+    assert (args.eagle3_head, args.eagle3_gamma) == ("h3", [2, 5])
+    head3 = object()
+    assert _kwargs("eagle3@5", "draft", 4, policies, head, 2, head3) == dict(draft=head3, gamma=5)
+    with pytest.raises(SystemExit):
+        parse_args(["--humaneval", "--eagle3-gamma", "2,0"])
     assert parse_args(["--humaneval", "--eagle-scale", "1,0.75"]).eagle_scale == [1.0, 0.75]
     for bad in (["--eagle-scale", "0"], ["--eagle-scale", "1,inf"], ["--eagle-scale", "1,0.7", "--eagle-gamma", "2,4"]):
         with pytest.raises(SystemExit):

@@ -202,3 +202,50 @@ def test_training_raises_agreement_and_resumes(tmp_path, target):
         alphas.append(spec.stats.acceptance_rate)
     print("agreement", first, last, "greedy alpha untrained, trained", alphas)
     assert alphas[1] > max(2 * alphas[0], 0.1), alphas
+
+
+def test_an_eagle3_head_on_a_mesh_under_lookup_first_and_with_auto_gamma(target, head):
+    """Where today's head works, the EAGLE-3 head does: on a data × model mesh, behind prompt lookup
+    (``LookupFirst``), and with ``gamma="auto"`` (its steps timed as a model's), greedy output equal to plain."""
+    kwargs = dict(max_new_tokens=16, temperature=0.0, eos_token_id=())
+    plain = jaxspec.generate(target, PROMPTS, **kwargs).tokens
+    meshed = jaxspec.generate(target, PROMPTS, draft=head, gamma=2, mesh={"data": 4, "model": 2}, **kwargs)
+    assert meshed.tokens == plain and meshed.stats.drafted > 0
+    assert jaxspec.generate(target, PROMPTS, draft=jaxspec.LookupFirst(head), gamma=3, **kwargs).tokens == plain
+    policy = jaxspec.policy.AutoGamma()
+    assert jaxspec.generate(target, PROMPTS, draft=head, gamma="auto", policy=policy, **kwargs).tokens == plain
+    (costs,) = policy._costs.values()
+    assert costs.c > 0
+
+
+def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, target, capsys):
+    import json
+
+    from jaxspec.cli.distill import main
+
+    jaxspec.save(target, tmp_path / "target")
+    rng = np.random.default_rng(1)
+    with open(tmp_path / "data.jsonl", "w") as f:
+        for _ in range(12):
+            ids = list(map(int, rng.integers(2, 96, size=20)))
+            f.write(json.dumps({"prompt_ids": ids[:5], "output_ids": ids[5:]}) + "\n")
+    flags = [
+        "--target",
+        str(tmp_path / "target"),
+        "--new-draft",
+        "eagle3=2,vocab=40",
+        "--data",
+        str(tmp_path / "data.jsonl"),
+    ]
+    flags += ["--out", str(tmp_path / "run"), "--steps", "3", "--batch-size", "2", "--window", "16", "--no-progress"]
+    main([*flags, "--heldout-data", str(tmp_path / "data.jsonl"), "--save-draft", str(tmp_path / "head3")])
+    out = capsys.readouterr().out
+    assert "final loss" in out and "held-out agreement (teacher-forced, per draft step)" in out
+    loaded = eagle.load(tmp_path / "head3", jaxspec.load(tmp_path / "target"))
+    assert loaded.eagle3 and loaded.name == "head3" and loaded.config.draft_vocab_size == 40
+    # the generate command's --draft takes a saved EAGLE-3 head and a published checkpoint alike
+    from jaxspec.cli.models import _load_draft
+
+    assert _load_draft(str(tmp_path / "head3"), target, None).eagle3
+    with pytest.raises(SystemExit):  # eagle3=K with other sizes is refused
+        main(["--target", str(tmp_path / "target"), "--new-draft", "eagle3=2,layers=2", "--data", "d", "--out", "o"])

@@ -84,6 +84,9 @@ def test_greedy_with_a_published_head_equals_plain(target):
     kwargs = dict(max_new_tokens=16, temperature=0.0, eos_token_id=())
     spec = jaxspec.generate(target, prompts, draft=head, gamma=3, **kwargs)
     assert spec.tokens == jaxspec.generate(target, prompts, **kwargs).tokens and spec.stats.drafted > 0
+    from jaxspec.cli.models import _load_draft  # the generate command's --draft reads it as it is too
+
+    assert _load_draft(str(FIXTURES / "speculators"), target, None).eagle3
 
 
 def _copy(tmp_path, layout) -> Path:
