@@ -25,6 +25,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 
@@ -162,7 +163,7 @@ def run(args) -> dict:
         for batch in args.batches:
             calls = [ids[i : i + batch] for i in range(0, len(ids), batch)]
             base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
-            totals = {
+            totals: dict[str, dict[str, Any]] = {
                 m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hist=[]) for m in modes
             }
             choices: dict[str, dict[str, int]] = {m: {} for m in AUTO_MODES}
@@ -218,10 +219,12 @@ def run(args) -> dict:
                 g: (measure.head_ratio(timer.medians(), g), measure.step_ratios(timer.medians(), g)[1])
                 for g in (head_gammas if head is not None else ())
             }
-            head3_costs = {  # γ -> (c, v) of the EAGLE-3 head's round at that γ
-                g: (measure.head_ratio(timer3.medians(), g), measure.step_ratios(timer3.medians(), g)[1])
-                for g in (head3_gammas if timer3 is not None else ())
-            }
+            head3_costs: dict[int, tuple[float, float]] = {}  # γ -> (c, v) of the EAGLE-3 head's round at that γ
+            if timer3 is not None:
+                steps3 = timer3.medians()
+                head3_costs = {
+                    g: (measure.head_ratio(steps3, g), measure.step_ratios(steps3, g)[1]) for g in head3_gammas
+                }
             plain = totals["plain"]
             plain_tps = plain["tokens"] / plain["seconds"]
             plain_step = plain["seconds"] / max(plain["row_steps"], 1)

@@ -294,7 +294,10 @@ def train_head(
         eos = target.eos_token_id
         always = () if eos is None else [eos] if isinstance(eos, int) else eos
         vocab_ids = choose_vocab(records, vocab, vocab_size=target.vocab_size, always=always)
+    cfg: llama.LlamaConfig
     if init is not None:
+        if not isinstance(init.config, llama.LlamaConfig):  # an EAGLE-3 head
+            raise ValueError(f"init: {init.name!r} is an EAGLE-3 head: train it with jaxspec.training.eagle3")
         cfg = init.config
     else:
         cfg = eagle_model.head_config(target.config, num_layers=num_layers, vocab_ids=vocab_ids)

@@ -189,7 +189,7 @@ def train_step_fn(cfg: eagle3.Eagle3Config, steps: int):
         final = jnp.pad(feats[:, :, n_aux * hidden :], ((0, 0), (0, pad + 1), (0, 0)))
         top = jnp.pad(top, ((0, 0), (0, pad + 1)))
         logits = ttt_logits(cfg, params, tok, aux, positions[:, :width], steps)
-        total, agree = 0.0, []
+        total, agree = jnp.float32(0.0), []
         for k in range(steps):
             # step k+1 at chain i predicts token i+k+2: the target's distribution at index i+k+1
             real = final[:, k + 1 : k + 1 + width]
