@@ -307,9 +307,10 @@ def extrapolate(points: dict, x: float) -> float:
 
 # A model of at least EXTRAPOLATE_FROM layers has its passes timed on two copies that keep its first LAYER_POINTS
 # layers (``families.first_layers``: the same weights, embedding and LM head) and ``extrapolate``d to its depth:
-# compiling 3 + 11 layers instead of all of them costs less (layers are held split, so compile time grows with depth),
-# at a few % from the full passes' timings (docs/history/gamma-auto.md).
-LAYER_POINTS = (3, 11)
+# compiling 2 + 6 layers instead of all of them costs less (layers are held split, so compile time grows with depth),
+# at a few to ~15 % from the full passes' timings on the 2-core CPU, as 3 + 11 layers were (which compiled 4 s more
+# for SmolLM2); calls then measure their own rounds (docs/history/gamma-auto.md).
+LAYER_POINTS = (2, 6)
 EXTRAPOLATE_FROM = 22
 DEPTH_ITERS = 9  # calls timed per copy (cheap ones): the slope between them is multiplied by the layers beyond
 

@@ -2,7 +2,7 @@
 generates 64 new tokens for each of ``checkpoints/chat_prompts.jsonl`` at batch 1, through the batch job
 (``jaxspec generate --input ... --batch-size 1``) or through one ``jaxspec.generate`` call per prompt.
 
-    python scripts/studies/job_compiles.py {cli,generate} {plain,fixed,auto}
+    python scripts/studies/job_compiles.py {cli,generate} {plain,fixed,auto} [CACHE_DIR]
 
 plain: no draft; fixed: the EAGLE head ``jaxspec/smollm2-eagle`` at its default γ (the CLI's default drafter);
 auto: the head with ``gamma="auto"``. Greedy, chat template. The persistent compilation cache points at a new empty
@@ -23,7 +23,9 @@ import tempfile
 import time
 
 WHAT, MODE = sys.argv[1], sys.argv[2]
-CACHE = tempfile.mkdtemp(prefix=f"jaxspec-xla-{WHAT}-{MODE}-")
+# a third argument: that cache directory (run once into an empty one, then again into the filled one: the second
+# run's wall time, less the first's, is what the first job paid for compiling and the policy's calibration)
+CACHE = sys.argv[3] if len(sys.argv) > 3 else tempfile.mkdtemp(prefix=f"jaxspec-xla-{WHAT}-{MODE}-")
 os.environ["JAXSPEC_COMPILATION_CACHE"] = CACHE
 
 import jax  # noqa: E402

@@ -70,7 +70,7 @@ def test_a_deep_models_passes_are_extrapolated_from_copies_of_its_first_layers(s
     models = {key[0] for key in compiled if key != "draw"}
     assert deep not in models and small_draft in models  # negative control: the draft is shallow, timed whole
     copies = sorted((k[0].config.num_layers, k[3]) for k in compiled if k != "draw" and k[0] is not small_draft)
-    assert copies == [(3, 1), (3, 5), (11, 1), (11, 5)]  # (layers, tokens): each copy over 1 and γ+1 = 5 tokens
+    assert copies == [(2, 1), (2, 5), (6, 1), (6, 5)]  # (layers, tokens): each copy over 1 and γ+1 = 5 tokens
     assert timed.count(sorted(timing.LAYER_POINTS)) == 2  # the two copies, timed in turn, for each width
 
     compiled.clear()
