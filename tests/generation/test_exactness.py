@@ -46,7 +46,9 @@ from jaxspec.models import eagle3
 VOCAB = 5
 NEW_TOKENS = 3
 PROMPT = [1, 3, 0]
-NUM_SAMPLES = 20_000
+# 10 000 rows per call (was 20 000; halved for CI time): every negative control in this file still fails its test
+# at ALPHA, and 125 sequences of 3 tokens over 5 ids keep ~80 expected counts per cell
+NUM_SAMPLES = 10_000
 ALPHA = 1e-3  # significance level of every goodness-of-fit test
 MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are merged
 BOUNDARY_MARGIN = 1e-4  # top-k / top-p decisions must not sit this close to their thresholds
@@ -578,7 +580,7 @@ RESTRICTED_DRAFTERS = {
     "reduced_draft": ([("temp1", 3), ("topk3", 1)], 7000, 7100),
     "eagle_head": ([("temp1", 3)], 8000, 8100),
     "scaled_eagle_head": ([("temp1", 2)], 8200, 8300),
-    "eagle3_head": ([("temp1", 2), ("topk3", 3)], 8800, 8900),
+    "eagle3_head": ([("topk3", 3)], 8800, 8900),  # temperature 1 with top-k 3
     "smaller_vocab_draft": ([("temp1", 2)], 8400, 8500),
     "larger_vocab_draft": ([("temp1", 3)], 8600, 8700),
 }
