@@ -23,6 +23,7 @@ Two stages, both resumable from ``out_dir``:
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ from jaxspec.training.offline import choose_vocab, read_data
 
 STEP_DECAY = 0.8  # step k's loss weight is STEP_DECAY ** (k - 1): later steps matter less (fewer rounds reach them)
 FEATURES, OFFSETS, ARGMAX = "features3.npy", "features3_offsets.npy", "features3_argmax.npy"
+PROGRESS = "features3.progress.json"  # how many batches a pass flushed, so a killed pass goes on from there
+FLUSH_EVERY = 32  # batches between flushes of the feature pass
 
 
 def _offsets(records) -> np.ndarray:
@@ -51,7 +54,8 @@ def _offsets(records) -> np.ndarray:
 def extract_features(target: CausalLM, records, aux_layers, out_dir, *, batch_size: int = 8, progress: bool = True):
     """``(features [N, (len(aux_layers) + 1) × hidden] float16 memmap, argmax [N] int32, offsets [R+1])`` of
     ``records`` under ``target``: the taps then the final-norm state (module docstring), and the target's top
-    token after each position; reuses ``out_dir``'s files when they were made for the same records and layers."""
+    token after each position; reuses ``out_dir``'s files when they were made for the same records and layers,
+    and a pass that was killed goes on from its last flushed batch (every ``FLUSH_EVERY`` batches)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     offsets = _offsets(records)
@@ -62,8 +66,14 @@ def extract_features(target: CausalLM, records, aux_layers, out_dir, *, batch_si
     if done_mark.is_file() and done_mark.read_text() == stamp and (out_dir / OFFSETS).is_file():
         if np.array_equal(np.load(out_dir / OFFSETS), offsets):
             return np.load(out_dir / FEATURES, mmap_mode="r"), np.load(out_dir / ARGMAX), offsets
-    argmax = np.zeros(int(offsets[-1]), np.int32)
-    feats = np.lib.format.open_memmap(out_dir / FEATURES, mode="w+", dtype=np.float16, shape=(int(offsets[-1]), width))
+    shape = (int(offsets[-1]), width)
+    mark = {"aux": list(aux), "batch_size": batch_size, "records": len(records), "tokens": int(offsets[-1])}
+    first = _resume_point(out_dir, mark, offsets, shape)
+    mode = "r+" if first else "w+"
+    feats = np.lib.format.open_memmap(out_dir / FEATURES, mode=mode, dtype=np.float16, shape=shape)
+    argmax = np.lib.format.open_memmap(out_dir / ARGMAX, mode=mode, dtype=np.int32, shape=(shape[0],))
+    if not first:
+        np.save(out_dir / OFFSETS, offsets)
     init_cache = target.init_cache
     cfg = target.config
 
@@ -79,8 +89,10 @@ def extract_features(target: CausalLM, records, aux_layers, out_dir, *, batch_si
         return feats, jnp.argmax(logits, -1).astype(jnp.int32)
 
     order = sorted(range(len(records)), key=lambda i: offsets[i + 1] - offsets[i])
-    with tqdm(total=int(offsets[-1]), disable=not progress, desc="target features", unit="tok") as bar:
-        for start in range(0, len(order), batch_size):
+    starts = list(range(0, len(order), batch_size))
+    skipped = sum(int(offsets[i + 1] - offsets[i]) for i in order[: first * batch_size])
+    with tqdm(total=int(offsets[-1]), initial=skipped, disable=not progress, desc="target features", unit="tok") as bar:
+        for n, start in enumerate(starts[first:], first):
             chunk = order[start : start + batch_size]
             seqs = [records[i][0] + records[i][1] for i in chunk]
             length = -(-max(map(len, seqs)) // 64) * 64  # few distinct shapes: few compiles
@@ -92,11 +104,32 @@ def extract_features(target: CausalLM, records, aux_layers, out_dir, *, batch_si
                 feats[offsets[i] : offsets[i + 1]] = x[b, : len(seqs[b])]
                 argmax[offsets[i] : offsets[i + 1]] = top[b, : len(seqs[b])]
             bar.update(sum(map(len, seqs)))
+            if (n + 1) % FLUSH_EVERY == 0:  # what a killed pass goes on from
+                feats.flush()
+                argmax.flush()
+                _write_json(out_dir / PROGRESS, {**mark, "batches_done": n + 1})
     feats.flush()
-    np.save(out_dir / ARGMAX, argmax)
-    np.save(out_dir / OFFSETS, offsets)
+    argmax.flush()
     done_mark.write_text(stamp)
-    return np.load(out_dir / FEATURES, mmap_mode="r"), argmax, offsets
+    (out_dir / PROGRESS).unlink(missing_ok=True)
+    return np.load(out_dir / FEATURES, mmap_mode="r"), np.load(out_dir / ARGMAX), offsets
+
+
+def _resume_point(out_dir: Path, mark: dict, offsets, shape) -> int:
+    """The batches a killed pass over the same records, layers and batch size flushed (0: start afresh)."""
+    try:
+        saved = json.loads((out_dir / PROGRESS).read_text())
+        same = {k: saved.get(k) for k in mark} == mark and np.array_equal(np.load(out_dir / OFFSETS), offsets)
+        on_disk = np.load(out_dir / FEATURES, mmap_mode="r").shape == shape
+    except (OSError, ValueError):
+        return 0
+    return int(saved.get("batches_done", 0)) if same and on_disk else 0
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)  # atomic: a kill leaves the old file or the new one
 
 
 def _norm(cfg: llama.LlamaConfig, params, x):

@@ -4,6 +4,8 @@ map to target ids, exact greedy output through the loop and the engine, saving a
 Parity with the reference implementation and loading published layouts: test_eagle3_formats.py. The statistical
 exactness of sampling with an EAGLE-3 head is in tests/generation/test_exactness.py (with its negative control)."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -249,3 +251,36 @@ def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, targ
     assert _load_draft(str(tmp_path / "head3"), target, None).eagle3
     with pytest.raises(SystemExit):  # eagle3=K with other sizes is refused
         main(["--target", str(tmp_path / "target"), "--new-draft", "eagle3=2,layers=2", "--data", "d", "--out", "o"])
+
+
+def test_a_killed_feature_pass_goes_on_from_its_last_flush(tmp_path, target, monkeypatch):
+    """The training's feature pass, killed after 5 batches (flushed every 2), goes on from batch 4 and ends with
+    the features and top tokens of an unbroken pass, bit for bit; the unbroken pass's result is then reused."""
+    from jaxspec.training import eagle3 as train3
+
+    rng = np.random.default_rng(3)
+    records = [
+        (list(map(int, rng.integers(2, 96, size=4))), list(map(int, rng.integers(2, 96, size=n))))
+        for n in range(3, 59, 4)
+    ]
+
+    class Killed(list):  # reading records for the 6th batch of 2 kills the pass
+        reads = 0
+
+        def __getitem__(self, i):
+            Killed.reads += 1
+            if Killed.reads > 2 * 2 * 5:
+                raise KeyboardInterrupt("killed")
+            return super().__getitem__(i)
+
+    monkeypatch.setattr(train3, "FLUSH_EVERY", 2)
+    with pytest.raises(KeyboardInterrupt):
+        train3.extract_features(target, Killed(records), (1, 2), tmp_path / "run", batch_size=2, progress=False)
+    assert json.loads((tmp_path / "run" / train3.PROGRESS).read_text())["batches_done"] == 4
+    resumed = train3.extract_features(target, records, (1, 2), tmp_path / "run", batch_size=2, progress=False)
+    whole = train3.extract_features(target, records, (1, 2), tmp_path / "whole", batch_size=2, progress=False)
+    np.testing.assert_array_equal(np.asarray(resumed[0]), np.asarray(whole[0]))
+    np.testing.assert_array_equal(resumed[1], whole[1])
+    assert not (tmp_path / "run" / train3.PROGRESS).exists()
+    again = train3.extract_features(target, records, (1, 2), tmp_path / "run", batch_size=2, progress=False)
+    np.testing.assert_array_equal(np.asarray(again[0]), np.asarray(whole[0]))
