@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(the target's first 2 layers, embedding and norm), or eagle=1 (an EAGLE head of 1 layer that "
         "drafts from the target's hidden states; --data only, see jaxspec.training.eagle), or eagle3=4 (an "
         "EAGLE-3 head over the target's low, middle and high layers, trained with 4 draft steps of "
-        "training-time test; --data only, see jaxspec.training.eagle3); add vocab=N for a "
+        "training-time test; --data only, see jaxspec.training.eagle3; lm_head=0 keeps the target's LM head "
+        "at the draft vocabulary, neither trained nor stored); add vocab=N for a "
         "reduced vocabulary of the N ids most frequent in --data (see distill_offline)",
     )
     ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
@@ -196,6 +197,7 @@ def _run_eagle3(args, target, spec, init=None):
         out_dir=args.out,
         steps_ahead=steps,
         vocab=spec.get("vocab"),
+        train_lm_head=None if "lm_head" not in spec else bool(spec["lm_head"]),
         init=init,
         steps=args.steps,
         batch_size=args.batch_size,

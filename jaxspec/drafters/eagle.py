@@ -68,6 +68,8 @@ class EagleDrafter(Drafter):
         the output's distribution does not). Part of the compiled program: another value compiles anew.
       catch_up: the first pass reads at least this many of the newest verified pairs (``catching_up``: for rounds
         that may have verified more than γ+1 tokens since the head last drafted, as under ``LookupFirst``).
+      shared_lm_head: an EAGLE-3 head whose LM head is the target's at the draft vocabulary's columns (not
+        trained, not stored: ``save`` leaves it out and ``load`` takes it from the target).
     """
 
     config: llama.LlamaConfig | eagle3.Eagle3Config
@@ -76,6 +78,7 @@ class EagleDrafter(Drafter):
     name: str = "eagle"
     temperature_scale: float = 1.0
     catch_up: int = 0
+    shared_lm_head: bool = dataclasses.field(default=False, compare=False)
     features = True
     # A head's acceptance falls along a draft (its later steps read its own features), so a short chain bounds
     # highest, on CPU and at v = 1 alike (docs/history/humaneval.md): the γ a call gets when it names none.
@@ -94,18 +97,28 @@ class EagleDrafter(Drafter):
         """The drafter of head weights ``own`` on ``target`` (a Llama-family ``CausalLM``). EAGLE-1-style (``config``
         a ``LlamaConfig``, default a one-layer head over the full vocabulary): ``own`` holds ``fc``, ``layers``
         (stacked or split), ``final_norm``. EAGLE-3 (``config`` an ``Eagle3Config``): ``fc``, ``layer``,
-        ``final_norm``, ``lm_head``, and ``embed`` when the head brings its own (else the target's is read)."""
+        ``final_norm``, ``lm_head`` (without it: the target's at the draft vocabulary's columns, ``shared_lm_head``),
+        and ``embed`` when the head brings its own (else the target's is read)."""
         cfg = config or eagle_model.head_config(target.config)
         if isinstance(cfg, eagle3.Eagle3Config):
             check_eagle3(cfg, target)
-            mine = {k: own[k] for k in eagle3.OWN}
+            shared_head = "lm_head" not in own
+            if shared_head and cfg.hidden_size != target.config.hidden_size:
+                raise ValueError(
+                    f"the EAGLE-3 head is {cfg.hidden_size} wide and brings no LM head; target {target.name!r}'s "
+                    f"is {target.config.hidden_size} wide"
+                )
+            mine = {k: own[k] for k in eagle3.OWN if k != "lm_head" or not shared_head}
+            if shared_head:
+                mine["lm_head"] = eagle3.target_head_columns(cfg, target.config, target.params).astype(cfg.jnp_dtype)
             if "embed" not in own and cfg.hidden_size != target.config.hidden_size:
                 raise ValueError(
                     f"the EAGLE-3 head is {cfg.hidden_size} wide and brings no embedding; target {target.name!r}'s "
                     f"embedding is {target.config.hidden_size} wide"
                 )
             embed = own["embed"] if "embed" in own else target.params["embed"]["embedding"]
-            return cls(cfg, target.config, {**mine, "embed": embed}, name, temperature_scale)
+            params = {**mine, "embed": embed}
+            return cls(cfg, target.config, params, name, temperature_scale, shared_lm_head=shared_head)
         shared = eagle_model.shared_params(cfg, target.params)
         own = families.split_layers({k: own[k] for k in eagle_model.OWN})
         return cls(cfg, target.config, {**own, **shared}, name, temperature_scale)
@@ -245,7 +258,8 @@ def check_eagle3(cfg: eagle3.Eagle3Config, target: CausalLM) -> None:
 
 def save(drafter: EagleDrafter, path) -> Path:
     """Write the head's own weights and metadata to directory ``path`` (``jaxspec.formats.eagle_head``); the
-    target's embedding (and for an EAGLE-1-style head its LM head) is not stored."""
+    target's embedding (and for an EAGLE-1-style head, or an EAGLE-3 head with ``shared_lm_head``, its LM head)
+    is not stored."""
     if isinstance(drafter.config, eagle3.Eagle3Config):
         cfg = drafter.config
         lc = cfg.layer
@@ -259,8 +273,10 @@ def save(drafter: EagleDrafter, path) -> Path:
             "intermediate_size": lc.intermediate_size,
             "norm_before_residual": cfg.norm_before_residual,
             "temperature_scale": drafter.temperature_scale,
+            "lm_head": "target" if drafter.shared_lm_head else "own",
         }
-        return eagle_head.write(path, {k: drafter.params[k] for k in eagle3.OWN}, meta)
+        keep = [k for k in eagle3.OWN if k != "lm_head" or not drafter.shared_lm_head]
+        return eagle_head.write(path, {k: drafter.params[k] for k in keep}, meta)
     own = families.stack_layers({k: drafter.params[k] for k in eagle_model.OWN})
     meta = {
         "name": drafter.name,
@@ -311,6 +327,11 @@ def load(
     else:
         cfg = eagle_model.head_config(target.config, num_layers=meta["num_layers"], vocab_ids=meta["vocab_ids"])
     own = jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), own)
+    if isinstance(cfg, eagle3.Eagle3Config) and ("lm_head" in own) != (meta.get("lm_head", "own") == "own"):
+        raise ValueError(
+            f"the EAGLE-3 head at {path}: its metadata says lm_head {meta.get('lm_head', 'own')!r} but the weights "
+            f"{'hold' if 'lm_head' in own else 'lack'} one"
+        )
     if temperature_scale is None:
         temperature_scale = meta.get("temperature_scale", 1.0)
     name = meta.get("name", "eagle")

@@ -213,7 +213,7 @@ def train_step_fn(cfg: eagle3.Eagle3Config, steps: int):
     ids = jnp.asarray(np.asarray(cfg.vocab_ids), jnp.int32)
 
     def loss_fn(own, shared, tokens, feats, top, positions, mask):
-        params = {**own, "embed": shared["embed"]}
+        params = {"lm_head": shared["head"], **own, "embed": shared["embed"]}  # own lm_head unless shared
         width = tokens.shape[1] - 1  # chains i = 0 .. W-1: step 1 reads token i+1
         pad = steps
         tok = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))  # token i+1 at index i
@@ -265,13 +265,16 @@ def train_head(
     progress: bool = True,
     name: str | None = None,
     stop_at: int | None = None,
+    train_lm_head: bool | None = None,
 ) -> tuple[eagle.EagleDrafter, list]:
     """Train a new EAGLE-3 head for ``target`` on ``data`` (a JSONL path or ``read_data``'s list) with
     ``steps_ahead`` steps of training-time test, over a draft vocabulary of the ``vocab`` ids most frequent in it
     (plus the EOS ids; None: the full vocabulary) and the target's ``aux_layers`` (default EAGLE-3's low, middle
     and high), or go on training the EAGLE-3 head ``init`` (its vocabulary and layers stay: do not give ``vocab``
     or ``aux_layers``); resumes from ``out_dir``. ``stop_at``: stop after that step (a checkpoint is written
-    there), as a kill would, with the schedule of ``steps``: a later call goes on to ``steps``. Returns the
+    there), as a kill would, with the schedule of ``steps``: a later call goes on to ``steps``.
+    ``train_lm_head=False``: the head's LM head stays the target's at the draft vocabulary's columns (not trained,
+    not stored: ``shared_lm_head``); default True for a new head, ``init``'s choice when going on. Returns the
     ``EagleDrafter`` and this call's log records (also appended to ``out_dir/distill_log.jsonl``, with each step's
     teacher-forced top-1 agreement)."""
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
@@ -282,6 +285,11 @@ def train_head(
             raise ValueError("init: the head keeps its own vocabulary and layers; do not give vocab or aux_layers")
         if init.target_config != target.config:
             raise ValueError(f"init: the EAGLE head {init.name!r} was made for another target than {target.name!r}")
+        if train_lm_head is not None and train_lm_head == init.shared_lm_head:
+            raise ValueError(
+                f"train_lm_head={train_lm_head}: the head {init.name!r} "
+                f"{'reads the target LM head' if init.shared_lm_head else 'has its own LM head'}; leave it out"
+            )
     for key, value in (("steps", steps), ("batch_size", batch_size), ("window", window), ("steps_ahead", steps_ahead)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be an int >= 1, got {value!r}")
@@ -292,7 +300,7 @@ def train_head(
     if init is not None:
         cfg = init.config
         assert isinstance(cfg, eagle3.Eagle3Config)
-        own = {k: jnp.asarray(init.params[k]) for k in eagle3.OWN}
+        own = {k: jnp.asarray(init.params[k]) for k in eagle3.OWN if k != "lm_head" or not init.shared_lm_head}
     else:
         vocab_ids: tuple[int, ...] = tuple(range(target.vocab_size))
         if vocab:
@@ -301,6 +309,8 @@ def train_head(
             vocab_ids = choose_vocab(records, vocab, vocab_size=target.vocab_size, always=always)
         cfg = eagle3.head_config(target.config, vocab_ids, aux_layers=aux_layers)
         own = eagle3.init_own(cfg, seed, lm_head=eagle3.target_head_columns(cfg, target.config, target.params))
+        if train_lm_head is False:
+            del own["lm_head"]
     out_dir = Path(out_dir).resolve()
     feats, argmax, offsets = extract_features(target, records, cfg.aux_layers, out_dir, progress=progress)
     argmax_column = argmax[:, None]

@@ -74,31 +74,38 @@ _SPEC_KEYS = {
     "eagle": "eagle_layers",
     "eagle3": "eagle3_steps",
     "vocab": "vocab",
+    "lm_head": "lm_head",
 }
 
 
 def parse_spec(text: str) -> dict:
     """``"hidden=256,layers=2"`` (a ``--new-draft`` spec; keys: hidden, layers, heads, kv_heads, intermediate,
     target_layers, vocab; or eagle with vocab, for ``training.eagle.train_head``; or eagle3 (its steps of
-    training-time test) with vocab, for ``training.eagle3.train_head``) -> keyword arguments of
-    ``make_draft``. ``ValueError`` for an unknown key, a value that
-    is not a positive int, or ``target_layers`` with anything but ``vocab``."""
+    training-time test) with vocab and lm_head (0: the target's LM head, not trained), for
+    ``training.eagle3.train_head``) -> keyword arguments of ``make_draft``. ``ValueError`` for an unknown key, a
+    value that is not a positive int (lm_head: 0 or 1), or ``target_layers`` with anything but ``vocab``."""
     out = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
-        if key.strip() not in _SPEC_KEYS or not value.strip().isdigit() or int(value) < 1:
+        key = key.strip()
+        if key == "lm_head" and value.strip() in ("0", "1"):
+            out[key] = int(value)
+            continue
+        if key not in _SPEC_KEYS or not value.strip().isdigit() or int(value) < 1:
             raise ValueError(f"--new-draft: {part!r} is not KEY=positive int with KEY in {sorted(_SPEC_KEYS)}")
-        out[_SPEC_KEYS[key.strip()]] = int(value)
+        out[_SPEC_KEYS[key]] = int(value)
     if "eagle_layers" in out and out.keys() - {"eagle_layers", "vocab"}:
         raise ValueError(
             "--new-draft: eagle=K is an EAGLE head of K layers at the target's width (jaxspec.training.eagle); "
             "it combines only with vocab=N"
         )
-    if "eagle3_steps" in out and out.keys() - {"eagle3_steps", "vocab"}:
+    if "eagle3_steps" in out and out.keys() - {"eagle3_steps", "vocab", "lm_head"}:
         raise ValueError(
             "--new-draft: eagle3=K is an EAGLE-3 head trained with K draft steps of training-time test "
-            "(jaxspec.training.eagle3); it combines only with vocab=N"
+            "(jaxspec.training.eagle3); it combines only with vocab=N and lm_head=0|1"
         )
+    if "lm_head" in out and "eagle3_steps" not in out:
+        raise ValueError("--new-draft: lm_head=0|1 is for an EAGLE-3 head (eagle3=K)")
     if "target_layers" in out and out.keys() - {"target_layers", "vocab"}:
         raise ValueError(
             "--new-draft: target_layers=K takes the target's first K layers at the target's sizes; "

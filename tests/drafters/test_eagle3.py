@@ -235,7 +235,7 @@ def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, targ
         "--target",
         str(tmp_path / "target"),
         "--new-draft",
-        "eagle3=2,vocab=40",
+        "eagle3=2,vocab=40,lm_head=0",  # the target's LM head: neither trained nor stored
         "--data",
         str(tmp_path / "data.jsonl"),
     ]
@@ -243,8 +243,17 @@ def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, targ
     main([*flags, "--heldout-data", str(tmp_path / "data.jsonl"), "--save-draft", str(tmp_path / "head3")])
     out = capsys.readouterr().out
     assert "final loss" in out and "held-out agreement (teacher-forced, per draft step)" in out
-    loaded = eagle.load(tmp_path / "head3", jaxspec.load(tmp_path / "target"))
+    reloaded = jaxspec.load(tmp_path / "target")
+    loaded = eagle.load(tmp_path / "head3", reloaded)
     assert loaded.eagle3 and loaded.name == "head3" and loaded.config.draft_vocab_size == 40
+    assert loaded.shared_lm_head and "lm_head" not in np.load(tmp_path / "head3" / "model.npz").files
+    columns = eagle3.target_head_columns(loaded.config, reloaded.config, reloaded.params)
+    np.testing.assert_allclose(np.asarray(loaded.params["lm_head"]), np.asarray(columns), atol=1e-6)
+    meta = json.loads((tmp_path / "head3" / "jaxspec.json").read_text())
+    (tmp_path / "head3" / "jaxspec.json").write_text(json.dumps({**meta, "lm_head": "own"}))
+    with pytest.raises(ValueError, match="lm_head 'own' but the weights lack one"):
+        eagle.load(tmp_path / "head3", target)
+    (tmp_path / "head3" / "jaxspec.json").write_text(json.dumps(meta))
     # the generate command's --draft takes a saved EAGLE-3 head and a published checkpoint alike
     from jaxspec.cli.models import _load_draft
 
