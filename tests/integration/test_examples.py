@@ -14,6 +14,7 @@ test_shipped.py. ``docs/history/`` holds dated records, not instructions, and is
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import re
@@ -104,40 +105,121 @@ def test_the_block_reader_and_the_output_check(tmp_path):  # negative control: t
     ]
     assert _masked("speculative, 128 tokens, α=0.612") == _masked("speculative, 64 tokens, α=0.5")
     assert _masked("speculative, 128 tokens") != _masked("plain, 128 tokens")
+    # what a block takes from the blocks before it: read before bound, in evaluation order
+    assert _reads("x = x + 1\nimport a\ny = a.f(z)\nfor i in y: n += i\ndef g(): return w\n") == {"x", "z", "n", "w"}
 
 
 def _python_pages() -> list[Path]:
     return [p for p in PAGES if any(b.lang == "python" for b in blocks(p))]
 
 
-def _run_page(page: Path, monkeypatch) -> None:
+def _reads(source: str) -> set[str]:
+    """The names a block may read before it binds them (what it takes from the blocks before it), visited in the
+    order Python evaluates them (an assignment's value before its targets); names bound inside functions count as
+    bound, which only matters for a name a later top-level line reads."""
+    first: dict[str, bool] = {}  # name -> whether its first use binds it
+
+    def use(name: str, binds: bool) -> None:
+        first.setdefault(name, binds)
+
+    def visit(node) -> None:
+        if isinstance(node, ast.Name):
+            use(node.id, not isinstance(node.ctx, ast.Load))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            if node.value is not None:
+                visit(node.value)
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                visit(target)
+        elif isinstance(node, ast.AugAssign):
+            if isinstance(node.target, ast.Name):
+                use(node.target.id, False)
+            visit(node.value)
+            visit(node.target)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            visit(node.iter)
+            visit(node.target)
+            for child in node.body + node.orelse:
+                visit(child)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                use((alias.asname or alias.name).split(".")[0], True)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            use(node.name, True)
+            for child in ast.iter_child_nodes(node):
+                visit(child)
+        else:
+            for child in ast.iter_child_nodes(node):
+                visit(child)
+
+    visit(ast.parse(source))
+    return {name for name, binds in first.items() if not binds}
+
+
+def _run_page(page: Path, monkeypatch, ran: dict | None = None) -> None:
+    """Run ``page``'s Python blocks in order in one namespace. ``ran``: what the blocks run so far (on earlier
+    pages) printed, by their code and the objects they were given: a block whose code is exactly an earlier one's
+    and whose names are bound to the very same objects (the shared loads of ``_shared_loads``) computes the same
+    thing, so it is not run again: the names it bound are bound here too, and what it says it prints is checked
+    against what the first one printed."""
     module = types.ModuleType("__example__")  # a real module: dataclasses look their class's module up
     monkeypatch.setitem(sys.modules, module.__name__, module)
     namespace = module.__dict__
+    ran = {} if ran is None else ran
     for block in [b for b in blocks(page) if b.lang == "python"]:
         if block.not_run:
             assert (str(block.page.relative_to(ROOT)), block.code.splitlines()[0]) in NOT_RUN, (
                 f"{block.name} is marked not run ({block.not_run}): name it in NOT_RUN with its reason"
             )
             continue
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            # dont_inherit: the block runs under its own future imports, not this file's
-            exec(compile(block.code, block.name, "exec", dont_inherit=True), namespace)  # noqa: S102
+        # dont_inherit: the block runs under its own future imports, not this file's
+        code = compile(block.code, block.name, "exec", dont_inherit=True)
+        given = [(n, namespace[n]) for n in sorted(_reads(block.code)) if n in namespace]
+        key = (block.code, tuple((n, id(v)) for n, v in given))
+        if key in ran:
+            printed, bound, _ = ran[key]
+            namespace.update(bound)  # what it defined, for the blocks after it
+        else:
+            before, out = dict(namespace), io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(code, namespace)  # noqa: S102
+            printed = out.getvalue()
+            bound = {n: v for n, v in namespace.items() if n not in before or before[n] is not v}
+            ran[key] = (printed, bound, given)  # the objects stay alive, so their ids are not reused
         if block.prints is not None:
-            assert _masked(out.getvalue()) == _masked(block.prints), (block.name, out.getvalue())
+            assert _masked(printed) == _masked(block.prints), (block.name, printed)
+
+
+def _shared_loads(monkeypatch) -> None:
+    """``jaxspec.load`` and ``jaxspec.eagle.load`` called again with the same arguments return the model or head
+    the first call loaded (they are immutable), as one session of a user's would keep it, instead of reading the
+    file again."""
+    import jaxspec
+
+    for owner in (jaxspec, jaxspec.eagle):
+        loaded: dict = {}
+
+        def load(*args, _load=owner.load, _loaded=loaded, **kwargs):
+            key = repr([a if isinstance(a, (str, Path)) else id(a) for a in args]) + repr(sorted(kwargs.items()))
+            if key not in _loaded:
+                _loaded[key] = (_load(*args, **kwargs), args)  # the args stay alive, so their ids are not reused
+            return _loaded[key][0]
+
+        monkeypatch.setattr(owner, "load", load)
 
 
 @pytest.mark.real
 @pytest.mark.slow
 def test_python_examples_run_as_written(tmp_path, monkeypatch):
     """Every page in one process, each in its own namespace and directory: pages that run the same model at the
-    same shapes share its compiled programs, as a user's session would."""
+    same shapes share its compiled programs, and loads and blocks that repeat an earlier page's share its result
+    (``_shared_loads``, ``_run_page``), as a user's session would."""
+    _shared_loads(monkeypatch)
+    ran: dict = {}
     for page in _python_pages():
         work = tmp_path / page.stem
         work.mkdir()
         monkeypatch.chdir(work)  # examples that write files write them here
-        _run_page(page, monkeypatch)
+        _run_page(page, monkeypatch, ran)
 
 
 def _commands(page: Path) -> list[tuple[str, list[str]]]:
