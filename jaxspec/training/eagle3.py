@@ -222,12 +222,16 @@ def train_step_fn(cfg: eagle3.Eagle3Config, steps: int):
         final = jnp.pad(feats[:, :, n_aux * hidden :], ((0, 0), (0, pad + 1), (0, 0)))
         top = jnp.pad(top, ((0, 0), (0, pad + 1)))
         logits = ttt_logits(cfg, params, tok, aux, positions[:, :width], steps)
+        # the target's distribution on the draft vocabulary at every index, once (each step reads it shifted)
+        target_p = jax.nn.softmax(
+            jnp.einsum("btd,dv->btv", final[:, 1 : width + steps], shared["head"], preferred_element_type=jnp.float32),
+            -1,
+        )
         total, agree = jnp.float32(0.0), []
         for k in range(steps):
             # step k+1 at chain i predicts token i+k+2: the target's distribution at index i+k+1
-            real = final[:, k + 1 : k + 1 + width]
+            p = target_p[:, k : k + width]
             m = msk[:, k + 1 : k + 1 + width] * msk[:, :width]
-            p = jax.nn.softmax(jnp.einsum("btd,dv->btv", real, shared["head"], preferred_element_type=jnp.float32), -1)
             logq = jax.nn.log_softmax(logits[k], -1)
             count = jnp.maximum(jnp.sum(m), 1.0)
             total = total + STEP_DECAY**k * jnp.sum(-jnp.sum(jax.lax.stop_gradient(p) * logq, -1) * m) / count
