@@ -37,13 +37,14 @@ def _normalized(x, fallback):
     return jnp.where(total > 0, x / jnp.where(total > 0, total, 1.0), fallback)
 
 
-def accept_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int, wrong_sibling_rule: bool = False):
+def accept_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int, wrong_rule: str | None = None):
     """One row. ``parent [N+1] int32`` (``parent[0]`` unused; ``-1`` marks a node that is not in the tree),
     ``token [N+1] int32`` (``token[0]`` unused), ``rank [N+1] int32`` (a node's place among its siblings, in draw
     order), ``q [N+1, V]``, ``p [N+1, V]`` (warped, float32); ``depth``: the deepest node's depth, ``branch``: the most
     children a node has (both static). Returns ``(n, path [depth] int32, next)``: the number of accepted nodes, their
-    indices root-down (0 past ``n``), and the drawn token. ``wrong_sibling_rule`` (tests only: the negative control)
-    keeps ``q'`` unchanged after a rejected sibling, the mistake of treating the siblings as independent draws."""
+    indices root-down (0 past ``n``), and the drawn token. ``wrong_rule`` (tests only: the negative controls):
+    ``"with_replacement"`` keeps ``q'`` unchanged after a rejected sibling (the siblings taken for independent
+    draws), ``"no_residual"`` keeps ``r = p[u]`` after a rejection."""
     nodes = parent.shape[0]
     index = jnp.arange(nodes)
 
@@ -67,8 +68,9 @@ def accept_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int, 
             accept = live & (jax.random.uniform(sub, (), jnp.float32) * proposal[x] < r[x])
             chosen = jnp.where(accept, c, chosen)
             reject = live & ~accept
-            r = jnp.where(reject, _normalized(jnp.maximum(r - proposal, 0.0), r), r)
-            if not wrong_sibling_rule:
+            if wrong_rule != "no_residual":
+                r = jnp.where(reject, _normalized(jnp.maximum(r - proposal, 0.0), r), r)
+            if wrong_rule != "with_replacement":
                 proposal = jnp.where(reject, _normalized(proposal.at[x].set(0.0), proposal), proposal)
         moved = (chosen >= 0) & ~done
         if d < depth:

@@ -5,7 +5,8 @@ fixed-shape tree (the root's 3 children, 2 under the first, 1 under the second, 
 3) with ``draw_children`` from the drafter's distribution at each node's prefix, then accepts it against the
 target's. The first output token must follow the target at the root, the second (when the first was an accepted
 node) the target after the first; a chi-square test of each at α = 1e-3, and the same tests must catch the
-negative control (siblings treated as independent draws: the proposal not renormalized after a rejection).
+negative controls (siblings treated as independent draws: the proposal not renormalized after a rejection; the
+residual not taken after a rejection).
 Greedy (one-hot target) accepts the path of the target's argmax tokens.
 """
 
@@ -14,6 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import scipy.stats
 
 from jaxspec.core.tree_acceptance import accept_tree_row, draw_children
@@ -57,20 +59,20 @@ def _draft_tree(key, p_table, q_table):
 
 
 @functools.cache
-def _sampler(wrong: bool):
+def _sampler(wrong: str | None):
     def one(key, p_table, q_table):
         k_tree, k_accept = jax.random.split(key)
         token, q, p = _draft_tree(k_tree, p_table, q_table)
         parent, rank = jnp.asarray(PARENT), jnp.asarray(RANK)
         n, path, nxt = accept_tree_row(
-            k_accept, parent, token, rank, q, p, depth=DEPTH, branch=BRANCH, wrong_sibling_rule=wrong
+            k_accept, parent, token, rank, q, p, depth=DEPTH, branch=BRANCH, wrong_rule=wrong
         )
         return n, jnp.concatenate([token[path], nxt[None]])  # accepted tokens (past n: ignored), the drawn one
 
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))
 
 
-def _run(p_table, q_table, seed, wrong=False):
+def _run(p_table, q_table, seed, wrong=None):
     keys = jax.random.split(jax.random.key(seed), SAMPLES)
     n, seq = _sampler(wrong)(keys, jnp.asarray(p_table), jnp.asarray(q_table))
     return np.asarray(n), np.asarray(seq)
@@ -104,9 +106,11 @@ def test_tree_output_follows_the_target():
     assert 0.3 < np.mean(n >= 1) < 0.99 and np.mean(n >= 2) > 0.03  # siblings and depth both used
 
 
-def test_negative_control_siblings_as_independent_draws_is_caught():
+@pytest.mark.parametrize("wrong", ["with_replacement", "no_residual"])
+def test_negative_controls_are_caught(wrong):
+    """Siblings verified as if drawn with replacement; the residual not taken after a rejection."""
     p_table, q_table = _tables(1, 1.5), _tables(2, 3.0)
-    n, seq = _run(p_table, q_table, seed=11, wrong=True)
+    n, seq = _run(p_table, q_table, seed=11, wrong=wrong)
     p_first, p_second = _p_values(p_table, n, seq)
     assert min(p_first, p_second) < 1e-6, (p_first, p_second)
 
