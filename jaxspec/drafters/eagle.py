@@ -102,23 +102,18 @@ class EagleDrafter(Drafter):
         cfg = config or eagle_model.head_config(target.config)
         if isinstance(cfg, eagle3.Eagle3Config):
             check_eagle3(cfg, target)
-            shared_head = "lm_head" not in own
-            if shared_head and cfg.hidden_size != target.config.hidden_size:
+            borrowed = [k for k in ("embed", "lm_head") if k not in own]  # read from the target
+            if borrowed and cfg.hidden_size != target.config.hidden_size:
                 raise ValueError(
-                    f"the EAGLE-3 head is {cfg.hidden_size} wide and brings no LM head; target {target.name!r}'s "
-                    f"is {target.config.hidden_size} wide"
+                    f"the EAGLE-3 head is {cfg.hidden_size} wide and brings no {' or '.join(borrowed)}; target "
+                    f"{target.name!r}'s are {target.config.hidden_size} wide"
                 )
-            mine = {k: own[k] for k in eagle3.OWN if k != "lm_head" or not shared_head}
-            if shared_head:
-                mine["lm_head"] = eagle3.target_head_columns(cfg, target.config, target.params).astype(cfg.jnp_dtype)
-            if "embed" not in own and cfg.hidden_size != target.config.hidden_size:
-                raise ValueError(
-                    f"the EAGLE-3 head is {cfg.hidden_size} wide and brings no embedding; target {target.name!r}'s "
-                    f"embedding is {target.config.hidden_size} wide"
-                )
-            embed = own["embed"] if "embed" in own else target.params["embed"]["embedding"]
-            params = {**mine, "embed": embed}
-            return cls(cfg, target.config, params, name, temperature_scale, shared_lm_head=shared_head)
+            params = {k: own[k] for k in eagle3.OWN if k not in borrowed}
+            params["embed"] = own["embed"] if "embed" in own else target.params["embed"]["embedding"]
+            if "lm_head" in borrowed:
+                columns = eagle3.target_head_columns(cfg, target.config, target.params)
+                params["lm_head"] = columns.astype(cfg.jnp_dtype)
+            return cls(cfg, target.config, params, name, temperature_scale, shared_lm_head="lm_head" in borrowed)
         shared = eagle_model.shared_params(cfg, target.params)
         own = families.split_layers({k: own[k] for k in eagle_model.OWN})
         return cls(cfg, target.config, {**own, **shared}, name, temperature_scale)
