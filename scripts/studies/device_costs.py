@@ -1,0 +1,180 @@
+"""Device benchmark: what a speculative round costs on an accelerator, at real model shapes with random weights
+(a pass's cost does not depend on the weights' values; acceptance does, and is measured on the real models elsewhere).
+
+    python scripts/studies/device_costs.py [OUT_DIR] [--shapes smollm2-135m,llama-3.1-8b] [--budget-s 330]
+
+For each shape (bfloat16 weights and caches, float32 logits), at batch 1 and a cache of ``cache_len`` slots with the
+new tokens at ``position``: the target's one-token step and its verify passes over 2..7 tokens (v = verify ÷ step),
+and for an EAGLE-1-style head and an EAGLE-3 head (8191 or 32000 draft ids) the draft phase of a round of γ (the
+window pass over γ+1 pairs, then γ−1 one-token steps), as c per draft token (÷ γ ÷ step). Calls are interleaved call
+by call in blocks; figures are medians. Then, SmolLM2-shaped only, whole ``jaxspec.generate`` loops (plain, the
+EAGLE-1 head at γ=2, the EAGLE-3 head at γ=3; α ≈ 0 with random heads, so each pass yields one token) as ms per
+target pass, the loop's own overheads included. Prints one JSON object per figure and appends each to
+``OUT_DIR/device_costs.jsonl`` as it goes (a timeout keeps what was measured). Stops starting new sections past
+``--budget-s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+START = time.perf_counter()
+
+SHAPES = {
+    "tiny": dict(  # a smoke run anywhere
+        vocab_size=1024, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=2, num_kv_heads=1,
+        rope_theta=10000.0, tie_embeddings=True, draft_vocab=255, cache_len=256, position=64,
+    ),
+    # SmolLM2-135M-Instruct's config (tied embeddings), and Llama-3.1-8B's
+    "smollm2-135m": dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+        rope_theta=100000.0, tie_embeddings=True, draft_vocab=8191, cache_len=1024, position=320,
+    ),
+    "llama-3.1-8b": dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+        rope_theta=500000.0, tie_embeddings=False, draft_vocab=32000, cache_len=2048, position=640,
+    ),
+}
+VERIFY_WIDTHS = (2, 3, 4, 5, 7)
+GAMMAS = (2, 3, 4, 6)
+
+
+def emit(out, **rec):
+    rec["t_s"] = round(time.perf_counter() - START, 1)
+    line = json.dumps(rec)
+    print(line, flush=True)
+    if out:
+        with open(os.path.join(out, "device_costs.jsonl"), "a") as f:
+            f.write(line + "\n")
+
+
+def build(name: str):
+    from jaxspec.core.model import CausalLM
+    from jaxspec.drafters.eagle import EagleDrafter, _head_fns
+    from jaxspec.models import eagle as eagle_model
+    from jaxspec.models import eagle3, llama
+    from jaxspec.models.llama_config import LlamaConfig
+
+    s = dict(SHAPES[name])
+    draft_vocab, cache_len, position = s.pop("draft_vocab"), s.pop("cache_len"), s.pop("position")
+    cfg = LlamaConfig(**s, head_dim=s["hidden_size"] // s["num_heads"], dtype="bfloat16")
+    target = llama.init(cfg, seed=0, name=name)
+    ids = tuple(range(draft_vocab))
+    e1cfg = eagle_model.head_config(cfg, vocab_ids=ids)
+    e1 = EagleDrafter.for_target(target, eagle_model.init_own(e1cfg, 1), config=e1cfg, name="eagle1")
+    e3cfg = eagle3.head_config(cfg, ids)
+    e3 = EagleDrafter.for_target(target, {k: v for k, v in eagle3.init_own(e3cfg, 2).items() if k != "lm_head"},
+                                 config=e3cfg, name="eagle3")
+
+    def fused_window(cfg3):  # the EAGLE-3 window pass reads the target's three tapped layers through fc
+        head_apply, init_cache = _head_fns(cfg3)
+
+        def apply_fn(params, tokens, positions, cache):
+            feats = jnp.zeros((*tokens.shape, cfg3.feature_size), cfg3.jnp_dtype)
+            logits, _, cache = head_apply(params, tokens, feats, positions, cache)
+            return logits, cache
+
+        return CausalLM(apply_fn, e3.params, init_cache, cfg3.vocab_size, config=cfg3, name="eagle3_window")
+
+    return target, e1, e3, fused_window(e3cfg), cache_len, position
+
+
+def step_costs(out, name: str, iters: int, blocks: int):
+    from jaxspec.bench.measure import StepTimer
+
+    t0 = time.perf_counter()
+    target, e1, e3, e3_window, cache_len, position = build(name)
+    cases = {"target_1": (target, 1)}
+    cases.update({f"target_{w}": (target, w) for w in VERIFY_WIDTHS})
+    for head, window in ((e1, e1.as_model()), (e3, e3_window)):
+        cases[f"{head.name}_1"] = (head.as_model(), 1)
+        cases.update({f"{head.name}_window_{g + 1}": (window, g + 1) for g in GAMMAS})
+    timer = StepTimer(cases, cache_len, position, seed=0)
+    emit(out, section="steps", shape=name, event="compiled", build_and_compile_s=round(time.perf_counter() - t0, 1))
+    for _ in range(blocks):
+        timer.block(iters)
+    ms = {k: round(v * 1e3, 4) for k, v in timer.medians().items()}
+    step = ms["target_1"]
+    v = {w - 1: round(ms[f"target_{w}"] / step, 3) for w in VERIFY_WIDTHS}  # by γ (verify over γ+1 tokens)
+    c = {}
+    for head in ("eagle1", "eagle3"):
+        c[head] = {g: round((ms[f"{head}_window_{g + 1}"] + (g - 1) * ms[f"{head}_1"]) / g / step, 3) for g in GAMMAS}
+    emit(out, section="steps", shape=name, batch=1, cache_len=cache_len, calls=timer.count(), ms=ms,
+         v_by_gamma=v, c_by_gamma=c)
+    return target, e1, e3
+
+
+def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int):
+    import jaxspec
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, target.vocab_size, (1, 64)).astype(np.int32)
+    modes = {"plain": (None, None), "eagle1@2": (e1, 2), "eagle3@3": (e3, 3)}
+    kw = dict(max_new_tokens=new_tokens, temperature=0.0)
+    t0 = time.perf_counter()
+    for mode, (draft, g) in modes.items():  # compile
+        jaxspec.generate(target, prompt, draft=draft, gamma=g, **kw) if draft else jaxspec.generate(target, prompt, **kw)
+    emit(out, section="loop", event="compiled", compile_s=round(time.perf_counter() - t0, 1))
+    per_pass = {m: [] for m in modes}
+    tau = {}
+    for r in range(repeats):
+        for mode, (draft, g) in modes.items():
+            res = (jaxspec.generate(target, prompt, draft=draft, gamma=g, seed=r, **kw) if draft
+                   else jaxspec.generate(target, prompt, seed=r, **kw))
+            st = res.stats
+            per_pass[mode].append(st.wall_time_s / st.target_passes * 1e3)
+            tau[mode] = st.generated_tokens / st.rounds
+    ms = {m: round(statistics.median(v), 4) for m, v in per_pass.items()}
+    emit(out, section="loop", shape=target.name, batch=1, new_tokens=new_tokens, repeats=repeats,
+         ms_per_target_pass=ms, tau_random_heads=tau,
+         round_over_plain_step={m: round(ms[m] / ms["plain"], 3) for m in ms})
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?", default=os.environ.get("OUT", ""))
+    p.add_argument("--shapes", default="smollm2-135m,llama-3.1-8b")
+    p.add_argument("--budget-s", type=float, default=330.0)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--blocks", type=int, default=3)
+    p.add_argument("--loop-repeats", type=int, default=5)
+    p.add_argument("--new-tokens", type=int, default=128)
+    a = p.parse_args(argv)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+    emit(a.out, section="env", jax=jax.__version__, backend=jax.default_backend(),
+         devices=[str(d) for d in jax.devices()], argv=sys.argv[1:])
+    shapes = a.shapes.split(",")
+    first = None
+    for name in shapes:
+        if time.perf_counter() - START > a.budget_s:
+            emit(a.out, section="skipped", shape=name, reason="budget")
+            continue
+        try:
+            got = step_costs(a.out, name, a.iters, a.blocks)
+            if name in ("smollm2-135m", "tiny"):
+                first = got
+        except Exception as e:  # keep the other sections' figures
+            emit(a.out, section="error", shape=name, error=f"{type(e).__name__}: {e}"[:2000])
+        if first is not None:
+            if time.perf_counter() - START > a.budget_s:
+                emit(a.out, section="skipped", shape="loop", reason="budget")
+                continue
+            try:
+                loop_costs(a.out, *first, a.loop_repeats, a.new_tokens)
+            except Exception as e:
+                emit(a.out, section="error", shape="loop", error=f"{type(e).__name__}: {e}"[:2000])
+            first = None
+
+
+if __name__ == "__main__":
+    main()
