@@ -113,28 +113,34 @@ def step_costs(out, name: str, iters: int, blocks: int):
     return target, e1, e3
 
 
-def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int):
+def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, modes: list[str]):
     import jaxspec
 
     rng = np.random.default_rng(0)
-    prompt = rng.integers(0, target.vocab_size, (1, 64)).astype(np.int32)
-    modes = {"plain": (None, None), "eagle1@2": (e1, 2), "eagle3@3": (e3, 3)}
+    prompt = rng.integers(0, target.vocab_size, (batch, 64)).astype(np.int32)
+    heads = {"plain": None, "eagle1": e1, "eagle3": e3}
+    runs = {m: (heads[m.split("@")[0]], int(m.split("@")[1]) if "@" in m else None) for m in modes}
     kw = dict(max_new_tokens=new_tokens, temperature=0.0)
+
+    def call(draft, g, seed):
+        if draft is None:
+            return jaxspec.generate(target, prompt, seed=seed, **kw)
+        return jaxspec.generate(target, prompt, draft=draft, gamma=g, seed=seed, **kw)
+
     t0 = time.perf_counter()
-    for mode, (draft, g) in modes.items():  # compile
-        jaxspec.generate(target, prompt, draft=draft, gamma=g, **kw) if draft else jaxspec.generate(target, prompt, **kw)
-    emit(out, section="loop", event="compiled", compile_s=round(time.perf_counter() - t0, 1))
-    per_pass = {m: [] for m in modes}
+    for draft, g in runs.values():  # compile
+        call(draft, g, 0)
+    emit(out, section="loop", shape=target.name, batch=batch, event="compiled",
+         compile_s=round(time.perf_counter() - t0, 1))
+    per_pass = {m: [] for m in runs}
     tau = {}
     for r in range(repeats):
-        for mode, (draft, g) in modes.items():
-            res = (jaxspec.generate(target, prompt, draft=draft, gamma=g, seed=r, **kw) if draft
-                   else jaxspec.generate(target, prompt, seed=r, **kw))
-            st = res.stats
+        for mode, (draft, g) in runs.items():
+            st = call(draft, g, r).stats
             per_pass[mode].append(st.wall_time_s / st.target_passes * 1e3)
-            tau[mode] = st.generated_tokens / st.rounds
+            tau[mode] = round(st.generated_tokens / st.rounds, 3)
     ms = {m: round(statistics.median(v), 4) for m, v in per_pass.items()}
-    emit(out, section="loop", shape=target.name, batch=1, new_tokens=new_tokens, repeats=repeats,
+    emit(out, section="loop", shape=target.name, batch=batch, new_tokens=new_tokens, repeats=repeats,
          ms_per_target_pass=ms, tau_random_heads=tau,
          round_over_plain_step={m: round(ms[m] / ms["plain"], 3) for m in ms})
 
@@ -142,7 +148,10 @@ def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="?", default=os.environ.get("OUT", ""))
-    p.add_argument("--shapes", default="smollm2-135m,llama-3.1-8b")
+    p.add_argument("--shapes", default="smollm2-135m,llama-3.1-8b", help="shapes whose steps are timed")
+    p.add_argument("--loop-shapes", default="smollm2-135m", help="shapes whose whole loops are timed")
+    p.add_argument("--loop-batches", default="1")
+    p.add_argument("--loop-modes", default="plain,eagle1@2,eagle3@3", help="plain and HEAD@GAMMA (eagle1, eagle3)")
     p.add_argument("--budget-s", type=float, default=330.0)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--blocks", type=int, default=3)
@@ -153,27 +162,28 @@ def main(argv=None):
         os.makedirs(a.out, exist_ok=True)
     emit(a.out, section="env", jax=jax.__version__, backend=jax.default_backend(),
          devices=[str(d) for d in jax.devices()], argv=sys.argv[1:])
-    shapes = a.shapes.split(",")
-    first = None
-    for name in shapes:
+    step_shapes = [s for s in a.shapes.split(",") if s]
+    loop_shapes = [s for s in a.loop_shapes.split(",") if s]
+    for name in dict.fromkeys(step_shapes + loop_shapes):
         if time.perf_counter() - START > a.budget_s:
             emit(a.out, section="skipped", shape=name, reason="budget")
             continue
         try:
-            got = step_costs(a.out, name, a.iters, a.blocks)
-            if name in ("smollm2-135m", "tiny"):
-                first = got
+            models = step_costs(a.out, name, a.iters, a.blocks) if name in step_shapes else build(name)[:3]
         except Exception as e:  # keep the other sections' figures
             emit(a.out, section="error", shape=name, error=f"{type(e).__name__}: {e}"[:2000])
-        if first is not None:
+            continue
+        if name not in loop_shapes:
+            continue
+        for batch in (int(b) for b in a.loop_batches.split(",")):
             if time.perf_counter() - START > a.budget_s:
-                emit(a.out, section="skipped", shape="loop", reason="budget")
+                emit(a.out, section="skipped", shape=name, batch=batch, reason="budget")
                 continue
             try:
-                loop_costs(a.out, *first, a.loop_repeats, a.new_tokens)
+                loop_costs(a.out, *models, a.loop_repeats, a.new_tokens, batch, a.loop_modes.split(","))
             except Exception as e:
-                emit(a.out, section="error", shape="loop", error=f"{type(e).__name__}: {e}"[:2000])
-            first = None
+                emit(a.out, section="error", shape=name, batch=batch, error=f"{type(e).__name__}: {e}"[:2000])
+        del models
 
 
 if __name__ == "__main__":
