@@ -58,3 +58,74 @@ def write_layer(cache: jax.Array, layer: jax.Array, new: jax.Array, positions: j
 def causal_mask(positions: jax.Array, length: int) -> jax.Array:
     """``[B, T, S]`` bool: query at ``positions[b, t]`` may attend slot ``s`` iff ``s <= positions[b, t]``."""
     return jnp.arange(length, dtype=positions.dtype)[None, None, :] <= positions[:, :, None]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TreePositions:
+    """Where the tokens of a tree pass sit (a pytree; given to a Llama-family model in place of ``positions``).
+
+    A tree pass runs a round's root (the newest token, not yet in the cache) and its candidate continuations in one
+    pass. Node ``t`` of row ``b`` is written to cache slot ``slots[b, t]`` and rotated at position ``rope[b, t]`` (the
+    root's position plus its depth), and attends the committed prefix (every slot below the root's,
+    ``slots[b, 0]``) and the nodes ``j`` with ``visible[b, t, j]`` (its ancestors and itself), nothing else: stale
+    entries of earlier rounds and other branches stay unseen.
+
+    Attributes:
+      rope: ``[B, T]`` int32 positions for RoPE.
+      slots: ``[B, T]`` int32 cache slots; node 0 is the root and ``slots[:, 0]`` the first slot past the prefix.
+      visible: ``[B, T, T]`` bool.
+    """
+
+    rope: jax.Array
+    slots: jax.Array
+    visible: jax.Array
+
+
+def rope_positions(positions) -> jax.Array:
+    """The positions RoPE rotates by: ``positions`` itself, or a tree pass's ``rope``."""
+    return positions.rope if isinstance(positions, TreePositions) else positions
+
+
+def write_slots(positions) -> jax.Array:
+    """The cache slots a pass writes: ``positions`` itself (slot = position), or a tree pass's ``slots``."""
+    return positions.slots if isinstance(positions, TreePositions) else positions
+
+
+def attention_mask(positions, length: int) -> jax.Array:
+    """``[B, T, S]`` bool: ``causal_mask`` for positions; for ``TreePositions`` the prefix below the root's slot
+    and the slots of the visible nodes."""
+    if not isinstance(positions, TreePositions):
+        return causal_mask(positions, length)
+    slots = positions.slots
+    arange = jnp.arange(length, dtype=slots.dtype)
+    prefix = arange[None, None, :] < slots[:, :1, None]  # [B, 1, S]
+    at = slots[:, :, None] == arange[None, None, :]  # [B, T(node j), S]: node j's slot
+    seen = jnp.einsum("btj,bjs->bts", positions.visible.astype(jnp.int32), at.astype(jnp.int32)) > 0
+    return prefix | seen
+
+
+def window_mask(positions, length: int, window: int) -> jax.Array:
+    """``[B, T, S]`` bool: the slots holding one of the ``window`` newest positions up to each query's (sliding-window
+    attention); for ``TreePositions`` a node's slot holds its ``rope`` position, a prefix slot its own."""
+    rope = rope_positions(positions)
+    every = jnp.arange(length, dtype=rope.dtype)[None, None, :]
+    recent = every > rope[:, :, None] - window
+    if not isinstance(positions, TreePositions):
+        return recent
+    slots = positions.slots
+    in_tree = every >= slots[:, :1, None]
+    at = (slots[:, :, None] == every).astype(jnp.int32)  # [B, T(node j), S]
+    near = (rope[:, None, :] > rope[:, :, None] - window).astype(jnp.int32)  # [B, T(query), T(node j)]
+    return jnp.where(in_tree, jnp.einsum("btj,bjs->bts", near, at) > 0, recent)
+
+
+def move_slots(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
+    """Copy every layer's entries at slots ``src [B, N]`` to slots ``dst [B, N]`` (all read before any is written;
+    out-of-range destinations drop): how a tree pass's accepted path becomes a contiguous prefix."""
+    rows = jnp.arange(src.shape[0])[:, None]
+
+    def move(x):
+        return x.at[:, rows, dst].set(x[:, rows, src], mode="drop")
+
+    return KVCache(move(cache.k), move(cache.v))

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.cache import KVCache, causal_mask, write_layer
+from jaxspec.core.cache import KVCache, attention_mask, rope_positions, window_mask, write_layer, write_slots
 from jaxspec.models import families, stack
 from jaxspec.models.families import Weight
 from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama is the family's public module
@@ -108,7 +108,8 @@ def sliding_layer(cfg: LlamaConfig, layer):
 
 class Attention(nn.Module):
     """Grouped-query self-attention of one layer over ``x [B, T, hidden]`` at ``positions [B, T]``: RoPE, optional
-    biases and q/k norm, causal (and sliding-window) mask over the cache written at those positions."""
+    biases and q/k norm, causal (and sliding-window) mask over the cache written at those positions. ``positions``
+    may be a tree pass's ``TreePositions`` (rotation, slots and mask from it)."""
 
     cfg: LlamaConfig
 
@@ -127,17 +128,17 @@ class Attention(nn.Module):
             k = rms_norm(cfg, "k_norm")(k)
         rot = rotation(cfg.rotary_dim or d, cfg.rope_theta, cfg.rope_type, **dict(cfg.rope_params))
         sliding = sliding_layer(cfg, layer)  # a Python bool, or a traced one under the stacked layers' scan
+        rope = rope_positions(positions)  # positions, or a tree pass's (TreePositions)
         if cfg.local_rope_theta is not None and sliding is not False:  # Gemma 3: sliding layers' own RoPE base
             local = rotation(cfg.rotary_dim or d, cfg.local_rope_theta)
             if sliding is True:
-                q, k = apply_rope(q, positions, local), apply_rope(k, positions, local)
+                q, k = apply_rope(q, rope, local), apply_rope(k, rope, local)
             else:
-                q, k = (
-                    jnp.where(sliding, apply_rope(t, positions, local), apply_rope(t, positions, rot)) for t in (q, k)
-                )
+                q, k = (jnp.where(sliding, apply_rope(t, rope, local), apply_rope(t, rope, rot)) for t in (q, k))
         else:
-            q, k = apply_rope(q, positions, rot), apply_rope(k, positions, rot)
-        k_all, v_all = write_layer(k_all, layer, k, positions), write_layer(v_all, layer, v, positions)
+            q, k = apply_rope(q, rope, rot), apply_rope(k, rope, rot)
+        slots = write_slots(positions)
+        k_all, v_all = write_layer(k_all, layer, k, slots), write_layer(v_all, layer, v, slots)
         k_cache, v_cache = k_all[layer], v_all[layer]
 
         q = q.reshape(batch, length, kvh, h // kvh, d)
@@ -145,10 +146,9 @@ class Attention(nn.Module):
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32) * scale
         if cfg.attn_softcap is not None:
             scores = jnp.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
-        mask = causal_mask(positions, k_cache.shape[1])
+        mask = attention_mask(positions, k_cache.shape[1])
         if cfg.sliding_window is not None and sliding is not False:
-            slots = jnp.arange(k_cache.shape[1], dtype=positions.dtype)[None, None, :]
-            window = slots > positions[:, :, None] - cfg.sliding_window
+            window = window_mask(positions, k_cache.shape[1], cfg.sliding_window)
             mask = mask & (window if sliding is True else window | ~sliding)
         mask = mask[:, None, None]
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
