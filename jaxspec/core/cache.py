@@ -81,6 +81,25 @@ class TreePositions:
     slots: jax.Array
     visible: jax.Array
 
+    @classmethod
+    def from_parents(cls, parent: jax.Array, base: jax.Array, max_depth: int) -> TreePositions:
+        """The positions of a tree given each node's parent (``parent [B, N]`` int32, -1 for the root, node 0;
+        parents listed before their children) with its root at position and slot ``base [B]``: node ``t`` at slot
+        ``base + t``, rotated at ``base + depth(t)``, seeing its ancestors and itself. ``max_depth`` (static) bounds
+        every node's depth."""
+        n = parent.shape[1]
+        node = jnp.broadcast_to(jnp.arange(n, dtype=parent.dtype), parent.shape)
+        hops, depth = [node], jnp.zeros_like(parent)
+        for _ in range(max_depth):  # walk up one generation per step; -1 once past the root
+            up = jnp.take_along_axis(parent, jnp.maximum(hops[-1], 0), axis=1)
+            up = jnp.where(hops[-1] >= 0, up, -1)
+            depth = depth + (up >= 0)
+            hops.append(up)
+        ancestry = jnp.stack(hops, axis=-1)  # [B, N, max_depth + 1]
+        visible = jnp.any(ancestry[:, :, None, :] == node[:, None, :, None], axis=-1)
+        base = base.astype(jnp.int32)[:, None]
+        return cls(base + depth.astype(jnp.int32), base + node.astype(jnp.int32), visible)
+
 
 def rope_positions(positions) -> jax.Array:
     """The positions RoPE rotates by: ``positions`` itself, or a tree pass's ``rope``."""

@@ -36,6 +36,21 @@ def _tree(base: int) -> TreePositions:
     )
 
 
+def test_from_parents_walks_each_path():
+    """Two rows, two trees (this file's and a chain), roots at different positions: depths, slots and ancestor
+    sets as walked on the host."""
+    chain = (-1, 0, 1, 2, 3, 4, 5)
+    got = TreePositions.from_parents(jnp.asarray([PARENTS, chain], jnp.int32), jnp.asarray([L, 3]), max_depth=6)
+    want = _tree(L)
+    np.testing.assert_array_equal(got.rope[0], want.rope[0])
+    np.testing.assert_array_equal(got.slots[0], want.slots[0])
+    np.testing.assert_array_equal(got.visible[0], want.visible[0])
+    np.testing.assert_array_equal(got.rope[1], 3 + np.arange(7))
+    np.testing.assert_array_equal(got.visible[1], np.tril(np.ones((7, 7), bool)))
+    short = TreePositions.from_parents(jnp.asarray([chain], jnp.int32), jnp.asarray([0]), max_depth=2)
+    assert int(short.rope[0, -1]) == 2  # negative control: a walk shorter than the tree stops counting there
+
+
 @pytest.mark.parametrize("cfg", [tiny_config(), tiny_config(sliding_window=3)], ids=["full", "sliding3"])
 def test_tree_pass_matches_chain_passes(cfg):
     model = llama.init(cfg, seed=0)
