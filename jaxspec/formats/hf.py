@@ -197,4 +197,5 @@ def load(
         tokenizer=tokenizer,
         eos_token_id=_eos_ids(root, config, tokenizer),
         name=name or root.name,
+        **families.loaded_layout(family),
     )

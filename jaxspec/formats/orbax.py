@@ -125,4 +125,5 @@ def load(directory: str | Path, dtype: str | None = None, sharding: Any = None, 
         tokenizer=tokenizer,
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
         name=meta.get("name", "model"),
+        **families.loaded_layout(family),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
 import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -158,10 +159,30 @@ def first_layers(model: CausalLM, num_layers: int) -> CausalLM | None:
     )
 
 
+LAYERS_ENV = "JAXSPEC_LAYERS"
+
+
+def loads_split() -> bool:
+    """Whether the loaders hold a model's layers split (the default) or stacked: ``$JAXSPEC_LAYERS``, ``split`` or
+    ``stacked``. Stacked layers compile once for all layers (about 5× less compile time for SmolLM2's 30), and
+    decode more slowly where XLA copies each layer's slice out of the stack (XLA:CPU: docs/history/cpu-costs.md);
+    the test suite, which compiles far more than it decodes, loads them stacked."""
+    value = os.environ.get(LAYERS_ENV, "split").strip().lower() or "split"
+    if value not in ("split", "stacked"):
+        raise ValueError(f"${LAYERS_ENV} must be 'split' or 'stacked', got {value!r}")
+    return value == "split"
+
+
 def loaded_params(family: ModelFamily, params):
     """What a loader hands ``family.from_params``: ``params`` it read (and owns), split for a family that
-    ``splits_layers`` with the stacked arrays consumed (device memory holds one copy of the weights)."""
-    return split_layers(params, consume=True) if family.splits_layers else params
+    ``splits_layers`` with the stacked arrays consumed (device memory holds one copy of the weights), unless
+    ``loads_split()`` says stacked."""
+    return split_layers(params, consume=True) if family.splits_layers and loads_split() else params
+
+
+def loaded_layout(family: ModelFamily) -> dict:
+    """The layout keyword a loader gives ``family.from_params`` for ``loaded_params``' params."""
+    return {"split_layers": loads_split()} if family.splits_layers else {}
 
 
 def layout_like(params, reference):

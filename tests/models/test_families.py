@@ -163,11 +163,11 @@ def test_register_makes_a_model_type_loadable(registry, tmp_path):
     [(llama, c) for c in CONFIGS["llama"]] + [(gpt2, CONFIGS["gpt2"][0]), (gpt_neox, CONFIGS["gpt_neox"][0])],
     ids=["plain", "biases-tied", "qk-norm-reduced-vocab", "gemma3-layer-types", "gpt2", "gpt-neox"],
 )
-def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, module, cfg):
+def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, monkeypatch, module, cfg):
     """``from_params`` holds a model's layers split (one tree per layer, its own arrays); ``apply_fn`` gives the same
     logits and caches from the stacked layout (``nn.scan``); the two layouts convert both ways exactly; a loader's
-    own arrays are consumed as they are split; a checkpoint holds the stacked layout and loads back split;
-    ``split_layers=False`` keeps the stack."""
+    own arrays are consumed as they are split; a checkpoint holds the stacked layout and loads back split, or stacked
+    under ``$JAXSPEC_LAYERS=stacked`` (another value is refused); ``split_layers=False`` keeps the stack."""
     stacked = module.init_params(cfg, seed=3)
     model = module.from_params(cfg, stacked)
     layers = model.params["layers"]
@@ -200,9 +200,17 @@ def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, module, cfg)
     kept = module.from_params(cfg, model.params, split_layers=False)
     assert not isinstance(kept.params["layers"], tuple)
     jaxspec.save(model, tmp_path / "ckpt")
+    monkeypatch.delenv("JAXSPEC_LAYERS", raising=False)  # a user's default (the suite sets stacked)
     loaded = jaxspec.load(tmp_path / "ckpt", tokenizer=False)
     assert isinstance(loaded.params["layers"], tuple)
     np.testing.assert_allclose(np.asarray(loaded.logits(tokens)), np.asarray(split_logits), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("JAXSPEC_LAYERS", "stacked")
+    loaded = jaxspec.load(tmp_path / "ckpt")
+    assert not isinstance(loaded.params["layers"], tuple)
+    np.testing.assert_allclose(np.asarray(loaded.logits(tokens)), np.asarray(split_logits), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("JAXSPEC_LAYERS", "scan")
+    with pytest.raises(ValueError, match="JAXSPEC_LAYERS"):
+        jaxspec.load(tmp_path / "ckpt")
 
 
 RESIDUAL_OUTPUTS = {

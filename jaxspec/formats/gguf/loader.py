@@ -278,4 +278,5 @@ def load(
         tokenizer=tokenizer,
         eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
         name=name or model_name(path),
+        **families.loaded_layout(family),
     )
