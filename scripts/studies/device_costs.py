@@ -31,17 +31,44 @@ START = time.perf_counter()
 
 SHAPES = {
     "tiny": dict(  # a smoke run anywhere
-        vocab_size=1024, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=2, num_kv_heads=1,
-        rope_theta=10000.0, tie_embeddings=True, draft_vocab=255, cache_len=256, position=64,
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=4,
+        num_heads=2,
+        num_kv_heads=1,
+        rope_theta=10000.0,
+        tie_embeddings=True,
+        draft_vocab=255,
+        cache_len=256,
+        position=64,
     ),
     # SmolLM2-135M-Instruct's config (tied embeddings), and Llama-3.1-8B's
     "smollm2-135m": dict(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
-        rope_theta=100000.0, tie_embeddings=True, draft_vocab=8191, cache_len=1024, position=320,
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        rope_theta=100000.0,
+        tie_embeddings=True,
+        draft_vocab=8191,
+        cache_len=1024,
+        position=320,
     ),
     "llama-3.1-8b": dict(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
-        rope_theta=500000.0, tie_embeddings=False, draft_vocab=32000, cache_len=2048, position=640,
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        rope_theta=500000.0,
+        tie_embeddings=False,
+        draft_vocab=32000,
+        cache_len=2048,
+        position=640,
     ),
 }
 VERIFY_WIDTHS = (2, 3, 4, 5, 7)
@@ -72,8 +99,9 @@ def build(name: str):
     e1cfg = eagle_model.head_config(cfg, vocab_ids=ids)
     e1 = EagleDrafter.for_target(target, eagle_model.init_own(e1cfg, 1), config=e1cfg, name="eagle1")
     e3cfg = eagle3.head_config(cfg, ids)
-    e3 = EagleDrafter.for_target(target, {k: v for k, v in eagle3.init_own(e3cfg, 2).items() if k != "lm_head"},
-                                 config=e3cfg, name="eagle3")
+    e3 = EagleDrafter.for_target(
+        target, {k: v for k, v in eagle3.init_own(e3cfg, 2).items() if k != "lm_head"}, config=e3cfg, name="eagle3"
+    )
 
     def fused_window(cfg3):  # the EAGLE-3 window pass reads the target's three tapped layers through fc
         head_apply, init_cache = _head_fns(cfg3)
@@ -108,8 +136,17 @@ def step_costs(out, name: str, iters: int, blocks: int):
     c = {}
     for head in ("eagle1", "eagle3"):
         c[head] = {g: round((ms[f"{head}_window_{g + 1}"] + (g - 1) * ms[f"{head}_1"]) / g / step, 3) for g in GAMMAS}
-    emit(out, section="steps", shape=name, batch=1, cache_len=cache_len, calls=timer.count(), ms=ms,
-         v_by_gamma=v, c_by_gamma=c)
+    emit(
+        out,
+        section="steps",
+        shape=name,
+        batch=1,
+        cache_len=cache_len,
+        calls=timer.count(),
+        ms=ms,
+        v_by_gamma=v,
+        c_by_gamma=c,
+    )
     return target, e1, e3
 
 
@@ -130,8 +167,14 @@ def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, m
     t0 = time.perf_counter()
     for draft, g in runs.values():  # compile
         call(draft, g, 0)
-    emit(out, section="loop", shape=target.name, batch=batch, event="compiled",
-         compile_s=round(time.perf_counter() - t0, 1))
+    emit(
+        out,
+        section="loop",
+        shape=target.name,
+        batch=batch,
+        event="compiled",
+        compile_s=round(time.perf_counter() - t0, 1),
+    )
     per_pass = {m: [] for m in runs}
     tau = {}
     for r in range(repeats):
@@ -140,9 +183,17 @@ def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, m
             per_pass[mode].append(st.wall_time_s / st.target_passes * 1e3)
             tau[mode] = round(st.generated_tokens / st.rounds, 3)
     ms = {m: round(statistics.median(v), 4) for m, v in per_pass.items()}
-    emit(out, section="loop", shape=target.name, batch=batch, new_tokens=new_tokens, repeats=repeats,
-         ms_per_target_pass=ms, tau_random_heads=tau,
-         round_over_plain_step={m: round(ms[m] / ms["plain"], 3) for m in ms})
+    emit(
+        out,
+        section="loop",
+        shape=target.name,
+        batch=batch,
+        new_tokens=new_tokens,
+        repeats=repeats,
+        ms_per_target_pass=ms,
+        tau_random_heads=tau,
+        round_over_plain_step={m: round(ms[m] / ms["plain"], 3) for m in ms},
+    )
 
 
 def main(argv=None):
@@ -160,8 +211,14 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-    emit(a.out, section="env", jax=jax.__version__, backend=jax.default_backend(),
-         devices=[str(d) for d in jax.devices()], argv=sys.argv[1:])
+    emit(
+        a.out,
+        section="env",
+        jax=jax.__version__,
+        backend=jax.default_backend(),
+        devices=[str(d) for d in jax.devices()],
+        argv=sys.argv[1:],
+    )
     step_shapes = [s for s in a.shapes.split(",") if s]
     loop_shapes = [s for s in a.loop_shapes.split(",") if s]
     for name in dict.fromkeys(step_shapes + loop_shapes):
