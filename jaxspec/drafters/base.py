@@ -74,6 +74,28 @@ class Proposal(NamedTuple):
     lengths: jax.Array | None = None
 
 
+class TreeProposal(NamedTuple):
+    """One round's draft tree for every row (``Drafter.draft_tree``): node 0 is the root (the newest verified token,
+    not drafted), nodes ``1..N`` the candidates, parents before children (``jaxspec.core.tree_acceptance``).
+
+    Attributes:
+      tokens: ``[B, N+1] int32`` (``tokens[:, 0]`` unused).
+      parent: ``[B, N+1] int32``, -1 for the root.
+      rank: ``[B, N+1] int32``: a node's place among its siblings, in the order they were drawn.
+      q: ``[B, N+1, V] float32``: the warped distribution each node's children were drawn from, without
+        replacement (zeros at the deepest level, which has no children).
+      state: the drafter's state after drafting.
+      bad: ``[B] bool``: non-finite logits in a drafting pass.
+    """
+
+    tokens: jax.Array
+    parent: jax.Array
+    rank: jax.Array
+    q: jax.Array
+    state: Any
+    bad: jax.Array
+
+
 class Drafter:
     """Base class of drafters (see the module docstring for the protocol). Subclasses are frozen dataclasses
     (static, hashable); the defaults here suit a drafter without state or weights."""

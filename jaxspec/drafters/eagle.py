@@ -31,10 +31,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxspec.core.cache import KVCache
+from jaxspec.core.cache import KVCache, TreePositions
 from jaxspec.core.model import CausalLM
 from jaxspec.core.sampling import sample, warp
-from jaxspec.drafters.base import Drafter, Proposal, bad_logits
+from jaxspec.drafters.base import Drafter, Proposal, TreeProposal, bad_logits
 from jaxspec.formats import eagle3 as eagle3_format
 from jaxspec.formats import eagle_head, hub
 from jaxspec.formats.paths import is_head, resolve
@@ -199,6 +199,93 @@ class EagleDrafter(Drafter):
         drafts = jnp.concatenate([d1[:, None], rest.T], axis=1)
         q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)
         return Proposal(drafts, q, dataclasses.replace(state, cache=cache), bad)
+
+    def draft_tree(
+        self,
+        params,
+        state: EagleState,
+        tokens,
+        length,
+        sampling,
+        key,
+        vocab_size: int,
+        *,
+        depth: int,
+        branch: int,
+        width: int,
+    ) -> TreeProposal:
+        """A draft tree per row (EAGLE-2's dynamic tree in fixed shapes): the window pass as ``draft``'s gives the
+        root's distribution; the root gets ``branch`` children; each further level expands every node of the level
+        above into ``branch`` candidates and keeps the ``width`` best by score, down to ``depth`` levels (``branch +
+        (depth - 1) × width`` nodes). Children are the top ``branch`` tokens by the head's log-probability for a
+        greedy row, and ``branch`` draws without replacement from the warped q for a sampled row (Gumbel-top-k,
+        ranked by their perturbed log-probabilities); a node's score is its parent's plus its own, which falls
+        along each node's children, so the kept children of a node are always its first ones in draw order (what
+        ``jaxspec.core.tree_acceptance`` needs). A candidate outside the head's vocabulary (greedy) or of zero q
+        (sampled) is left out of the tree (parent -1), and so are its descendants. Each level's head pass runs over every node drafted so far as one tree
+        pass (``TreePositions``) in the head's cache past the verified prefix."""
+        apply_fn, _ = _head_fns(self.config)
+        sampling = self._sampling(sampling)
+        batch, size = tokens.shape
+        rows = jnp.arange(batch)[:, None]
+        reach = max(depth, self.catch_up - 1)
+        window = jnp.maximum(length[:, None] - 2 - reach + jnp.arange(reach + 1, dtype=jnp.int32)[None], 0)
+        following = tokens[rows, jnp.minimum(window + 1, size - 1)]
+        logits, feats, cache = apply_fn(params, following, state.feats[rows, window], window, state.cache)
+        greedy = jnp.broadcast_to(jnp.asarray(sampling.temperature) <= 0, (batch,))
+        nodes = branch + (depth - 1) * width
+        keys = jax.random.split(key, depth)
+
+        def expand(key, logits_u, q_u):
+            """Per node ``[B, F, ...]``: its ``branch`` children's ``(tokens, scores)``, best first."""
+            greedy_score = jax.nn.log_softmax(logits_u.astype(jnp.float32), axis=-1)
+            gumbel = jax.random.gumbel(key, q_u.shape, jnp.float32)
+            drawn = jnp.where(q_u > 0, jnp.log(jnp.maximum(q_u, 1e-38)) + gumbel, -jnp.inf)
+            score = jnp.where(greedy[:, None, None], greedy_score, drawn)
+            # never a token outside the head's vocabulary (greedy) or its warped q (sampled: top-k, top-p)
+            allowed = jnp.where(greedy[:, None, None], jnp.isfinite(greedy_score), q_u > 0)
+            score = jnp.where(allowed, score, -jnp.inf)
+            value, tok = jax.lax.top_k(score, branch)
+            return tok.astype(jnp.int32), value
+
+        q0 = warp(logits[:, -1:], sampling)  # [B, 1, V]
+        bad = bad_logits(logits[:, -1])
+        tok1, val1 = expand(keys[0], logits[:, -1:], q0)
+        node_tok = jnp.zeros((batch, nodes + 1), jnp.int32).at[:, 1 : branch + 1].set(tok1[:, 0])
+        live1 = jnp.isfinite(val1[:, 0])
+        parent = jnp.full((batch, nodes + 1), -1, jnp.int32)
+        parent = parent.at[:, 1 : branch + 1].set(jnp.where(live1, 0, -1))
+        rank = jnp.zeros((batch, nodes + 1), jnp.int32).at[:, 1 : branch + 1].set(jnp.arange(branch, dtype=jnp.int32))
+        score = jnp.full((batch, nodes + 1), -jnp.inf).at[:, 0].set(0.0).at[:, 1 : branch + 1].set(val1[:, 0])
+        q = jnp.zeros((batch, nodes + 1, q0.shape[-1]), jnp.float32).at[:, 0].set(q0[:, 0])
+        hidden = jnp.zeros((batch, nodes + 1, feats.shape[-1]), feats.dtype).at[:, 0].set(feats[:, -1])
+        base = length - 1  # the first node's slot: the head's verified pairs end at position L-2
+        first, count = 1, branch  # the newest level's nodes: first .. first + count - 1
+        for d in range(1, depth):
+            drafted = first + count  # nodes 1 .. drafted-1 so far
+            sub = parent[:, 1:drafted]  # the pass over them: node i at pass index i-1; level-1 nodes are roots
+            positions = TreePositions.from_parents(jnp.where(sub > 0, sub - 1, -1), base, max_depth=d - 1)
+            out, own, cache = apply_fn(
+                params, node_tok[:, 1:drafted], hidden[rows, jnp.maximum(parent[:, 1:drafted], 0)], positions, cache
+            )
+            hidden = hidden.at[:, 1:drafted].set(own.astype(hidden.dtype))
+            level = slice(first - 1, first - 1 + count)  # the newest level within the pass
+            q_level = warp(out[:, level], sampling)
+            q = q.at[:, first : first + count].set(q_level)
+            live = parent[:, first : first + count] >= 0
+            bad = bad | jnp.any(bad_logits(out[:, level]) & live, axis=1)
+            tok, value = expand(keys[d], out[:, level], q_level)  # [B, count, branch]
+            total = jnp.where(live[:, :, None], score[:, first : first + count, None] + value, -jnp.inf)
+            best, pick = jax.lax.top_k(total.reshape(batch, count * branch), width)
+            owner, child_rank = pick // branch, pick % branch
+            new = slice(drafted, drafted + width)
+            kept = jnp.isfinite(best)
+            node_tok = node_tok.at[:, new].set(jnp.take_along_axis(tok.reshape(batch, -1), pick, axis=1))
+            parent = parent.at[:, new].set(jnp.where(kept, first + owner, -1).astype(jnp.int32))
+            rank = rank.at[:, new].set(child_rank.astype(jnp.int32))
+            score = score.at[:, new].set(best)
+            first, count = drafted, width
+        return TreeProposal(node_tok, parent, rank, q, dataclasses.replace(state, cache=cache), bad)
 
     def as_model(self) -> CausalLM:
         """The head as a ``CausalLM`` over tokens alone (zero features in place of the target's), for timing its
