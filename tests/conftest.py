@@ -30,10 +30,6 @@ jax.config.update("jax_num_cpu_devices", 8)
 # The CLI turns JAX's persistent compilation cache on by default (jaxspec.loop.compile_cache); in-process CLI tests must
 # not point every later compile of their worker at ~/.cache. test_compile_cache turns it on in subprocesses.
 os.environ["JAXSPEC_COMPILATION_CACHE"] = "off"
-# Models loaded from files hold their layers stacked (jaxspec.models.families.loads_split): one compile of the layer
-# body instead of one per layer, about 5x less compile time on SmolLM2-135M, which dominates the suite; what they
-# compute is the same (tests of the split layout build it explicitly, and users' default stays split).
-os.environ.setdefault("JAXSPEC_LAYERS", "stacked")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -44,8 +44,8 @@ def _prefilled(target, head, length):
 
 def _chain_q(head, state, tokens, length, path_tokens):
     """The head's q after each step of the chain ``path_tokens`` from the round's window (``draft``'s steps)."""
-    apply_fn, _ = eagle._head_fns(head.config)
-    reach = len(path_tokens)
+    apply_fn = jax.jit(eagle._head_fns(head.config)[0])
+    reach = 3  # any window over verified pairs writes the same entries: one shape, one compile
     window = jnp.maximum(length - 2 - reach + jnp.arange(reach + 1, dtype=jnp.int32), 0)[None]
     following = tokens[0, jnp.minimum(window[0] + 1, SIZE - 1)][None]
     logits, feats, cache = apply_fn(head.params, following, state.feats[0, window[0]][None], window, state.cache)

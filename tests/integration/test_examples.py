@@ -213,7 +213,6 @@ def test_python_examples_run_as_written(tmp_path, monkeypatch):
     """Every page in one process, each in its own namespace and directory: pages that run the same model at the
     same shapes share its compiled programs, and loads and blocks that repeat an earlier page's share its result
     (``_shared_loads``, ``_run_page``), as a user's session would."""
-    monkeypatch.setenv("JAXSPEC_LAYERS", "split")  # a user's default: the examples decode about as much as they compile
     _shared_loads(monkeypatch)
     ran: dict = {}
     for page in _python_pages():

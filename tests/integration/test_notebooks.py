@@ -11,8 +11,7 @@ NOTEBOOKS = ROOT / "notebooks"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "acceptance.ipynb"])
-def test_notebook_runs(name, tmp_path, monkeypatch):
-    monkeypatch.setenv("JAXSPEC_LAYERS", "split")  # a user's default: the notebooks decode more than they compile
+def test_notebook_runs(name, tmp_path):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}

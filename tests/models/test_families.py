@@ -200,7 +200,7 @@ def test_split_and_stacked_layouts_compute_the_same_model(tmp_path, monkeypatch,
     kept = module.from_params(cfg, model.params, split_layers=False)
     assert not isinstance(kept.params["layers"], tuple)
     jaxspec.save(model, tmp_path / "ckpt")
-    monkeypatch.delenv("JAXSPEC_LAYERS", raising=False)  # a user's default (the suite sets stacked)
+    monkeypatch.delenv("JAXSPEC_LAYERS", raising=False)  # the default
     loaded = jaxspec.load(tmp_path / "ckpt", tokenizer=False)
     assert isinstance(loaded.params["layers"], tuple)
     np.testing.assert_allclose(np.asarray(loaded.logits(tokens)), np.asarray(split_logits), rtol=1e-5, atol=1e-5)
