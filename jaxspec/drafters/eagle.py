@@ -222,8 +222,9 @@ class EagleDrafter(Drafter):
         ranked by their perturbed log-probabilities); a node's score is its parent's plus its own, which falls
         along each node's children, so the kept children of a node are always its first ones in draw order (what
         ``jaxspec.core.tree_acceptance`` needs). A candidate outside the head's vocabulary (greedy) or of zero q
-        (sampled) is left out of the tree (parent -1), and so are its descendants. Each level's head pass runs over every node drafted so far as one tree
-        pass (``TreePositions``) in the head's cache past the verified prefix."""
+        (sampled) is left out of the tree (parent -1), and so are its descendants. Each level's head pass runs over
+        every node drafted so far as one tree pass (``TreePositions``) in the head's cache past the verified
+        prefix."""
         apply_fn, _ = _head_fns(self.config)
         sampling = self._sampling(sampling)
         batch, size = tokens.shape
