@@ -94,19 +94,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for mark in marks:
             item.add_marker(mark)
-    # the longest tests first (each takes a minute or more on 2 cores), so that under xdist they start at once and
-    # the many short ones fill both workers around them, instead of one ending the run alone
-    items.sort(key=lambda item: next((i for i, name in enumerate(LONG_FIRST) if name in item.nodeid), len(LONG_FIRST)))
-
-
-LONG_FIRST = (
-    "test_examples.py::test_python_examples_run_as_written",
-    "test_notebooks.py::test_notebook_runs[quickstart",
-    "test_notebooks.py::test_notebook_runs[acceptance",
-    "test_engine.py::test_auto_gamma_compiles_only_its_loop",
-    "test_sharding.py::test_two_processes_match_one",
-    "test_shipped.py::test_cli_on_the_shipped_pair",
-)
 
 
 @pytest.fixture(scope="module", autouse=True)
