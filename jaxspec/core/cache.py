@@ -117,11 +117,14 @@ def attention_mask(positions, length: int) -> jax.Array:
     if not isinstance(positions, TreePositions):
         return causal_mask(positions, length)
     slots = positions.slots
-    arange = jnp.arange(length, dtype=slots.dtype)
-    prefix = arange[None, None, :] < slots[:, :1, None]  # [B, 1, S]
-    at = slots[:, :, None] == arange[None, None, :]  # [B, T(node j), S]: node j's slot
-    seen = jnp.einsum("btj,bjs->bts", positions.visible.astype(jnp.int32), at.astype(jnp.int32)) > 0
-    return prefix | seen
+    prefix = jnp.arange(length, dtype=slots.dtype)[None, None, :] < slots[:, :1, None]  # [B, 1, S]
+    return prefix | _node_slots(positions.visible, slots, length)
+
+
+def _node_slots(chosen: jax.Array, slots: jax.Array, length: int) -> jax.Array:
+    """``[B, T, S]`` bool: for each query ``t``, the slots of the nodes ``j`` with ``chosen[b, t, j]``."""
+    at = slots[:, :, None] == jnp.arange(length, dtype=slots.dtype)[None, None, :]  # [B, T(node j), S]
+    return jnp.einsum("btj,bjs->bts", chosen.astype(jnp.int32), at.astype(jnp.int32)) > 0
 
 
 def window_mask(positions, length: int, window: int) -> jax.Array:
@@ -133,10 +136,8 @@ def window_mask(positions, length: int, window: int) -> jax.Array:
     if not isinstance(positions, TreePositions):
         return recent
     slots = positions.slots
-    in_tree = every >= slots[:, :1, None]
-    at = (slots[:, :, None] == every).astype(jnp.int32)  # [B, T(node j), S]
-    near = (rope[:, None, :] > rope[:, :, None] - window).astype(jnp.int32)  # [B, T(query), T(node j)]
-    return jnp.where(in_tree, jnp.einsum("btj,bjs->bts", near, at) > 0, recent)
+    near = rope[:, None, :] > rope[:, :, None] - window  # [B, T(query), T(node j)]
+    return jnp.where(every >= slots[:, :1, None], _node_slots(near, slots, length), recent)
 
 
 def move_slots(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
