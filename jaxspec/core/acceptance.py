@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.core.sampling import sample
+from jaxspec.core.tree_acceptance import accept_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,3 +62,8 @@ class RejectionSampler:
         if limits is None:
             return jax.vmap(self.accept_row)(keys, draft_tokens, q, p)
         return jax.vmap(self.accept_row)(keys, draft_tokens, q, p, limits)
+
+    def tree(self, keys, parent, token, rank, q, p, *, depth: int, branch: int):
+        """A tree round's acceptance (``jaxspec.core.tree_acceptance.accept_tree``: recursive rejection sampling of
+        siblings drawn without replacement): ``(n [B], path [B, depth], next [B])``."""
+        return accept_tree(keys, parent, token, rank, q, p, depth=depth, branch=branch)

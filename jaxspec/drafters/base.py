@@ -103,6 +103,9 @@ class Drafter:
     name: str = "drafter"
     features: bool = False  # True: the loop runs the target through target_features and calls observe
     default_gamma: ClassVar[int] = 4  # the γ of a call that names none (``generate(gamma=None)``)
+    # (depth, branch, width) for a drafter whose rounds draft a tree (``draft_tree``, verified by
+    # ``jaxspec.loop.tree``); None: chains. Drafters that can branch set it (``EagleDrafter.with_tree``).
+    tree: tuple[int, int, int] | None = None
 
     def init_state(self, batch: int, cache_len: int) -> Any:
         """The drafter's state for ``batch`` rows and ``cache_len`` positions (None: stateless)."""
@@ -116,6 +119,13 @@ class Drafter:
     def draft(self, params, state, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
         """γ = ``keys.shape[1]`` draft tokens per row (see the module docstring)."""
         raise NotImplementedError
+
+    def draft_tree(
+        self, params, state, tokens, length, sampling, keys, vocab_size: int, *, depth: int, branch: int, width: int
+    ) -> TreeProposal:
+        """(drafters that can branch, ``tree`` set) a tree of ``branch + (depth - 1) × width`` candidates per row,
+        ``keys [B, depth]`` (``jaxspec.drafters.eagle.EagleDrafter.draft_tree``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not draft trees")
 
     def observe(self, state, feats, positions) -> Any:
         """(``features`` drafters) ``state`` after the target's hidden states ``feats [B, T, D]`` at ``positions``."""

@@ -70,6 +70,9 @@ class EagleDrafter(Drafter):
         that may have verified more than γ+1 tokens since the head last drafted, as under ``LookupFirst``).
       shared_lm_head: an EAGLE-3 head whose LM head is the target's at the draft vocabulary's columns (not
         trained, not stored: ``save`` leaves it out and ``load`` takes it from the target).
+      tree: ``(depth, branch, width)``: each round drafts a tree (``draft_tree``) that one target pass verifies
+        (``jaxspec.loop.tree``), its γ the tree's depth; None (the default): a chain of γ drafts. Set by
+        ``with_tree`` or ``generate(..., tree=...)``.
     """
 
     config: llama.LlamaConfig | eagle3.Eagle3Config
@@ -79,6 +82,7 @@ class EagleDrafter(Drafter):
     temperature_scale: float = 1.0
     catch_up: int = 0
     shared_lm_head: bool = dataclasses.field(default=False, compare=False)
+    tree: tuple[int, int, int] | None = None
     features = True
     # A head's acceptance falls along a draft (its later steps read its own features), so a short chain bounds
     # highest, on CPU and at v = 1 alike (docs/history/humaneval.md): the γ a call gets when it names none.
@@ -89,6 +93,12 @@ class EagleDrafter(Drafter):
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
             raise ValueError(f"temperature_scale must be a finite number > 0, got {scale!r}")
         object.__setattr__(self, "temperature_scale", float(scale))
+        if self.tree is not None:
+            object.__setattr__(self, "tree", check_tree(self.tree))
+
+    def with_tree(self, tree) -> EagleDrafter:
+        """A copy drafting trees of shape ``tree = (depth, branch, width)`` each round (None: chains)."""
+        return dataclasses.replace(self, tree=None if tree is None else check_tree(tree))
 
     @classmethod
     def for_target(
@@ -207,24 +217,28 @@ class EagleDrafter(Drafter):
         tokens,
         length,
         sampling,
-        key,
+        keys,
         vocab_size: int,
         *,
         depth: int,
         branch: int,
         width: int,
     ) -> TreeProposal:
-        """A draft tree per row (EAGLE-2's dynamic tree in fixed shapes): the window pass as ``draft``'s gives the
-        root's distribution; the root gets ``branch`` children; each further level expands every node of the level
-        above into ``branch`` candidates and keeps the ``width`` best by score, down to ``depth`` levels (``branch +
-        (depth - 1) × width`` nodes). Children are the top ``branch`` tokens by the head's log-probability for a
-        greedy row, and ``branch`` draws without replacement from the warped q for a sampled row (Gumbel-top-k,
-        ranked by their perturbed log-probabilities); a node's score is its parent's plus its own, which falls
-        along each node's children, so the kept children of a node are always its first ones in draw order (what
-        ``jaxspec.core.tree_acceptance`` needs). A candidate outside the head's vocabulary (greedy) or of zero q
-        (sampled) is left out of the tree (parent -1), and so are its descendants. Each level's head pass runs over
-        every node drafted so far as one tree pass (``TreePositions``) in the head's cache past the verified
-        prefix."""
+        """A draft tree per row (EAGLE-2's dynamic tree in fixed shapes; ``keys [B, depth]``, one per level and row).
+        The window pass as ``draft``'s gives the root's distribution; the root gets ``branch`` children; each further
+        level offers every node of the level above ``branch`` children and keeps the ``width`` most promising, down
+        to ``depth`` levels (``branch + (depth - 1) × width`` nodes).
+
+        A node's children are the top ``branch`` tokens by the head's log-probability for a greedy row, and
+        ``branch`` draws without replacement from the warped q for a sampled row (Gumbel-top-k, in draw order). Which
+        of them a level keeps is decided before they are drawn, from what the level above already fixed: a node's
+        score (the sum of its path's log-probabilities under the head) plus the log of the j-th largest probability
+        of its distribution ranks its j-th child, so a node keeps a prefix of its children in draw order, and how
+        many it keeps does not depend on which tokens they are: the condition for exact recursive rejection sampling
+        (``jaxspec.core.tree_acceptance``). Greedy, that rank is the child's own cumulative log-probability, as
+        EAGLE-2 ranks. A candidate outside the head's vocabulary (greedy) or of zero q (sampled) is left out of the
+        tree (parent -1), and so are its descendants. Each level's head pass runs over every node drafted so far as
+        one tree pass (``TreePositions``) in the head's cache past the verified prefix."""
         apply_fn, _ = _head_fns(self.config)
         sampling = self._sampling(sampling)
         batch, size = tokens.shape
@@ -233,31 +247,31 @@ class EagleDrafter(Drafter):
         window = jnp.maximum(length[:, None] - 2 - reach + jnp.arange(reach + 1, dtype=jnp.int32)[None], 0)
         following = tokens[rows, jnp.minimum(window + 1, size - 1)]
         logits, feats, cache = apply_fn(params, following, state.feats[rows, window], window, state.cache)
-        greedy = jnp.broadcast_to(jnp.asarray(sampling.temperature) <= 0, (batch,))
+        greedy = jnp.broadcast_to(jnp.asarray(sampling.temperature) <= 0, (batch,))[:, None, None]
         nodes = branch + (depth - 1) * width
-        keys = jax.random.split(key, depth)
 
-        def expand(key, logits_u, q_u):
-            """Per node ``[B, F, ...]``: its ``branch`` children's ``(tokens, scores)``, best first."""
-            greedy_score = jax.nn.log_softmax(logits_u.astype(jnp.float32), axis=-1)
-            gumbel = jax.random.gumbel(key, q_u.shape, jnp.float32)
-            drawn = jnp.where(q_u > 0, jnp.log(jnp.maximum(q_u, 1e-38)) + gumbel, -jnp.inf)
-            score = jnp.where(greedy[:, None, None], greedy_score, drawn)
-            # never a token outside the head's vocabulary (greedy) or its warped q (sampled: top-k, top-p)
-            allowed = jnp.where(greedy[:, None, None], jnp.isfinite(greedy_score), q_u > 0)
-            score = jnp.where(allowed, score, -jnp.inf)
-            value, tok = jax.lax.top_k(score, branch)
-            return tok.astype(jnp.int32), value
+        def expand(level_keys, logits_u, q_u):
+            """Per node ``[B, F, ...]``: ``(tokens, own log-probability, ranking term)`` of its ``branch`` children,
+            in draw order; the ranking term of the j-th is the log of the j-th largest probability (-inf where no
+            such child exists)."""
+            logp = jax.nn.log_softmax(logits_u.astype(jnp.float32), axis=-1)
+            logq = jnp.log(jnp.maximum(q_u, 1e-38))
+            gumbel = jax.vmap(lambda k: jax.random.gumbel(k, q_u.shape[1:], jnp.float32))(level_keys)
+            allowed = jnp.where(greedy, jnp.isfinite(logp), q_u > 0)  # the head's vocabulary; the warped q's support
+            own = jnp.where(allowed, jnp.where(greedy, logp, logq), -jnp.inf)
+            _, tok = jax.lax.top_k(jnp.where(allowed, jnp.where(greedy, logp, logq + gumbel), -jnp.inf), branch)
+            ranked = jax.lax.top_k(own, branch)[0]
+            return tok.astype(jnp.int32), jnp.take_along_axis(own, tok, axis=-1), ranked
 
         q0 = warp(logits[:, -1:], sampling)  # [B, 1, V]
         bad = bad_logits(logits[:, -1])
-        tok1, val1 = expand(keys[0], logits[:, -1:], q0)
+        tok1, own1, _ = expand(keys[:, 0], logits[:, -1:], q0)
         node_tok = jnp.zeros((batch, nodes + 1), jnp.int32).at[:, 1 : branch + 1].set(tok1[:, 0])
-        live1 = jnp.isfinite(val1[:, 0])
+        live1 = jnp.isfinite(own1[:, 0])
         parent = jnp.full((batch, nodes + 1), -1, jnp.int32)
         parent = parent.at[:, 1 : branch + 1].set(jnp.where(live1, 0, -1))
         rank = jnp.zeros((batch, nodes + 1), jnp.int32).at[:, 1 : branch + 1].set(jnp.arange(branch, dtype=jnp.int32))
-        score = jnp.full((batch, nodes + 1), -jnp.inf).at[:, 0].set(0.0).at[:, 1 : branch + 1].set(val1[:, 0])
+        score = jnp.full((batch, nodes + 1), -jnp.inf).at[:, 0].set(0.0).at[:, 1 : branch + 1].set(own1[:, 0])
         q = jnp.zeros((batch, nodes + 1, q0.shape[-1]), jnp.float32).at[:, 0].set(q0[:, 0])
         hidden = jnp.zeros((batch, nodes + 1, feats.shape[-1]), feats.dtype).at[:, 0].set(feats[:, -1])
         base = length - 1  # the first node's slot: the head's verified pairs end at position L-2
@@ -266,17 +280,18 @@ class EagleDrafter(Drafter):
             drafted = first + count  # nodes 1 .. drafted-1 so far
             sub = parent[:, 1:drafted]  # the pass over them: node i at pass index i-1; level-1 nodes are roots
             positions = TreePositions.from_parents(jnp.where(sub > 0, sub - 1, -1), base, max_depth=d - 1)
-            out, own, cache = apply_fn(
+            out, own_feats, cache = apply_fn(
                 params, node_tok[:, 1:drafted], hidden[rows, jnp.maximum(parent[:, 1:drafted], 0)], positions, cache
             )
-            hidden = hidden.at[:, 1:drafted].set(own.astype(hidden.dtype))
+            hidden = hidden.at[:, 1:drafted].set(own_feats.astype(hidden.dtype))
             level = slice(first - 1, first - 1 + count)  # the newest level within the pass
             q_level = warp(out[:, level], sampling)
             q = q.at[:, first : first + count].set(q_level)
             live = parent[:, first : first + count] >= 0
             bad = bad | jnp.any(bad_logits(out[:, level]) & live, axis=1)
-            tok, value = expand(keys[d], out[:, level], q_level)  # [B, count, branch]
-            total = jnp.where(live[:, :, None], score[:, first : first + count, None] + value, -jnp.inf)
+            tok, own, ranked = expand(keys[:, d], out[:, level], q_level)  # [B, count, branch]
+            above = score[:, first : first + count, None]
+            total = jnp.where(live[:, :, None], above + ranked, -jnp.inf)
             best, pick = jax.lax.top_k(total.reshape(batch, count * branch), width)
             owner, child_rank = pick // branch, pick % branch
             new = slice(drafted, drafted + width)
@@ -284,7 +299,8 @@ class EagleDrafter(Drafter):
             node_tok = node_tok.at[:, new].set(jnp.take_along_axis(tok.reshape(batch, -1), pick, axis=1))
             parent = parent.at[:, new].set(jnp.where(kept, first + owner, -1).astype(jnp.int32))
             rank = rank.at[:, new].set(child_rank.astype(jnp.int32))
-            score = score.at[:, new].set(best)
+            own_score = jnp.take_along_axis((above + own).reshape(batch, -1), pick, axis=1)
+            score = score.at[:, new].set(jnp.where(kept, own_score, -jnp.inf))
             first, count = drafted, width
         return TreeProposal(node_tok, parent, rank, q, dataclasses.replace(state, cache=cache), bad)
 
@@ -301,6 +317,19 @@ class EagleDrafter(Drafter):
                 f"draft: the EAGLE head {self.name!r} was made for another target than {target.name!r} "
                 "(configs differ); load it with jaxspec.eagle.load(path, target)"
             )
+
+
+def check_tree(tree) -> tuple[int, int, int]:
+    """``tree`` as ``(depth, branch, width)`` ints, or ``ValueError`` naming ``tree``: depth >= 1 levels, branch >= 1
+    children offered per node, width >= 1 nodes kept per level below the first, at most the ``branch²`` the first
+    level offers (the tree has ``branch + (depth - 1) × width`` nodes)."""
+    parts = list(tree) if isinstance(tree, (tuple, list)) else []
+    if len(parts) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in parts):
+        raise ValueError(f"tree must be (depth, branch, width), three ints >= 1, got {tree!r}")
+    depth, branch, width = parts
+    if depth > 1 and width > branch * branch:
+        raise ValueError(f"tree={tree!r}: width {width} is more than the {branch * branch} nodes level 2 can hold")
+    return depth, branch, width
 
 
 def _head_fns(cfg):

@@ -47,6 +47,10 @@ class GenerationConfig:
         replicates them over ``model``: no collectives per draft step, but every device reads the whole draft each
         step (worth it for small drafts).
       policy: with ``gamma="auto"``, a ``jaxspec.policy.AutoGamma``; None: the process-wide one.
+      tree: ``(depth, branch, width)``: with an EAGLE head, each round drafts a tree of candidates (the root's
+        ``branch`` best children, then per level the ``width`` most promising of their children, ``depth`` levels)
+        and one target pass verifies all of it; exact at any temperature. Static: each shape compiles once; γ is
+        the depth. None: chains of γ drafts.
     """
 
     draft: Any = None
@@ -63,6 +67,7 @@ class GenerationConfig:
     mesh: Any = None
     shard_draft: bool = True
     policy: Any = None
+    tree: Any = None
 
     PER_REQUEST: ClassVar[tuple[str, ...]] = (
         "max_new_tokens",

@@ -292,6 +292,16 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
             raise TypeError(
                 f"draft must be a jaxspec.CausalLM, 'prompt_lookup', a jaxspec.PromptLookup or None, got {draft!r}"
             )
+    if cfg.tree is not None:
+        if lookup is None or not hasattr(lookup, "with_tree"):
+            raise ValueError(f"tree={cfg.tree!r} needs a drafter that can branch (an EAGLE head), got draft={draft!r}")
+        lookup = lookup.with_tree(cfg.tree)
+    if lookup is not None and lookup.tree is not None:
+        depth = lookup.tree[0]
+        if gamma is None:
+            gamma = depth
+        elif gamma != depth:
+            raise ValueError(f"gamma={gamma!r} with tree={lookup.tree}: a tree round's γ is its depth ({depth})")
     if gamma is None:  # the drafter's own default (a draft model's: the base class's)
         gamma = (lookup or Drafter).default_gamma
     auto = isinstance(gamma, str) and gamma == "auto"

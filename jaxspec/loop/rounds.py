@@ -13,7 +13,6 @@ accepted drafts plus one corrected/bonus token, truncated at EOS, ``max_new_toke
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -21,10 +20,8 @@ import jax.numpy as jnp
 
 from jaxspec.core.sampling import SamplingParams, warp
 from jaxspec.drafters.base import bad_logits
+from jaxspec.loop.commit import commit, target_pass
 from jaxspec.loop.state import (
-    FINISH_CACHE,
-    FINISH_EOS,
-    FINISH_LENGTH,
     FINISH_PADDING,
     RUNNING,
     LoopInputs,
@@ -34,6 +31,7 @@ from jaxspec.loop.state import (
     state_shardings,
     zero_counters,
 )
+from jaxspec.loop.tree import tree_round
 from jaxspec.parallel import sharding
 
 
@@ -72,7 +70,7 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
         start = c * width
         part = jax.lax.dynamic_slice_in_dim(padded, start, width, axis=1)
         positions = start + jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-        _, feats, target_cache = _target_pass(spec, target_params, part, positions, target_cache)
+        _, feats, target_cache = target_pass(spec, target_params, part, positions, target_cache)
         if feats is not None:
             draft_state = spec.drafter.observe(draft_state, feats, positions)
         draft_state = spec.drafter.prefill(draft_params, part, positions, draft_state)
@@ -100,16 +98,6 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
     return constrain_state(spec, state)
 
 
-def _target_pass(spec: LoopSpec, params, tokens, positions, cache):
-    """``(logits, hidden states or None, cache)``: the target's pass, through the drafter's ``target_features``
-    when it drafts from the target's features (``Drafter.features``)."""
-    if spec.drafter.features:
-        # only features drafters define target_features (the protocol in jaxspec.drafters.base)
-        return spec.drafter.target_features(params, tokens, positions, cache)  # type: ignore[attr-defined]
-    logits, cache = spec.target_apply(params, tokens, positions, cache)
-    return logits, None, cache
-
-
 def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> State:
     """One round for every row: γ drafts, one target pass over ``[last, d_1..d_γ]``, the rejection sampler.
 
@@ -121,6 +109,8 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     step instead (``lax.cond``): one target pass over ``[last]``, one token per row, no drafts counted. When it gives
     each row's number of drafts (``Proposal.lengths``), the round verifies over the smallest of its
     ``verify_widths`` that holds every running row's drafts (``lax.switch``), each row up to its own length."""
+    if spec.drafter.tree is not None:
+        return tree_round(spec, target_params, draft_params, state)
     gamma = spec.gamma
     round_keys = jax.vmap(lambda k, r: jax.random.split(jax.random.fold_in(k, r), gamma + 1))(
         state.row_keys, state.rounds
@@ -164,7 +154,7 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, l
     verified all γ drafts, or for plain decoding's rounds). ``limits`` (``[B] int32`` or None): each row's real
     drafts among them; drafts past a row's limit are never accepted nor counted, and only rows verified over all
     γ drafts enter the histogram."""
-    gamma, size = proposal.tokens.shape[1], spec.cache_len
+    gamma = proposal.tokens.shape[1]
     batch = state.tokens.shape[0]
     rows = jnp.arange(batch)
     active = ~state.done
@@ -175,7 +165,7 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, l
     verify_tokens = jnp.concatenate([last[:, None], drafts], axis=1)
     offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
     positions = pos_last[:, None] + offsets[None]
-    logits, feats, target_cache = _target_pass(spec, target_params, verify_tokens, positions, state.target_cache)
+    logits, feats, target_cache = target_pass(spec, target_params, verify_tokens, positions, state.target_cache)
     if feats is not None:
         draft_state = spec.drafter.observe(draft_state, feats, positions)
     logits = logits.astype(jnp.float32)
@@ -189,59 +179,23 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, l
 
     # Emitted tokens: d_1..d_n then the correction/bonus token.
     cand = jnp.where(offsets[None] < n[:, None], jnp.concatenate([drafts, nxt[:, None]], axis=1), nxt[:, None])
-    count = n + 1
-    is_eos = jnp.any(cand[:, :, None] == state.eos[:, None, :], axis=-1) & (offsets[None] < count[:, None])
-    has_eos = jnp.any(is_eos, axis=1)
-    count = jnp.where(has_eos, jnp.argmax(is_eos, axis=1) + 1, count)
-    room_new = state.max_new - (state.length - state.prompt_len)
-    room_cache = size - state.length
-    count = jnp.where(active, jnp.minimum(count, jnp.minimum(room_new, room_cache)), 0)
-    eos_hit = has_eos & (jnp.argmax(is_eos, axis=1) < count)
-
-    write_pos = jnp.where(offsets[None] < count[:, None], state.length[:, None] + offsets[None], size)
-    tokens = state.tokens.at[rows[:, None], write_pos].set(cand, mode="drop")
     token_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), cand[:, :, None], axis=-1)[..., 0]
-    logprobs = state.logprobs.at[rows[:, None], write_pos].set(token_logprobs, mode="drop")
-    length = state.length + count
-
-    finish = jnp.where(
-        ~active,
-        state.finish,
-        jnp.where(
-            eos_hit,
-            FINISH_EOS,
-            jnp.where(
-                length - state.prompt_len >= state.max_new,
-                FINISH_LENGTH,
-                jnp.where(length >= size, FINISH_CACHE, RUNNING),
-            ),
-        ),
-    )
     used = offsets[None] <= n[:, None]  # target positions that decided something this round
-    bad_target = state.bad_target | (active & jnp.any(bad_logits(logits) & used, axis=1))
-    active_i = active.astype(jnp.int32)
-    state = dataclasses.replace(
+    bad_target = active & jnp.any(bad_logits(logits) & used, axis=1)
+    return commit(
+        spec,
         state,
-        tokens=tokens,
-        logprobs=logprobs,
-        length=length,
-        done=finish != RUNNING,
-        finish=finish,
-        rounds=state.rounds + active_i,
-        drafted=state.drafted + drafted * active_i,
-        accepted=state.accepted + n * active_i,
-        accept_hist=state.accept_hist
-        + (
-            full_rows.astype(jnp.int32)[:, None] * jax.nn.one_hot(n, gamma + 1, dtype=jnp.int32)
-            if gamma == spec.gamma
-            else 0
-        ),
+        cand,
+        n,
+        token_logprobs,
+        drafted=drafted,
+        full_rows=full_rows,
+        full=gamma == spec.gamma,
         bad_target=bad_target,
-        bad_draft=state.bad_draft | (active & bad_draft),
+        bad_draft=active & bad_draft,
         target_cache=target_cache,
         draft_state=draft_state,
     )
-    return constrain_state(spec, state)
 
 
 def run(spec: LoopSpec, target_params, draft_params, state: State, max_rounds, stop_after) -> State:

@@ -54,6 +54,9 @@ class LoopSpec:
     def __post_init__(self):
         if self.gamma == 0 and not isinstance(self.drafter, NoDraft):
             raise ValueError(f"LoopSpec: gamma=0 is plain decoding; drafter must be NoDraft(), got {self.drafter!r}")
+        tree = self.drafter.tree
+        if tree is not None and self.gamma != tree[0]:
+            raise ValueError(f"LoopSpec: a tree drafter's gamma is its depth {tree[0]}, got gamma={self.gamma}")
         chunk = self.prefill_chunk
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
             raise ValueError(f"LoopSpec: prefill_chunk must be an int >= 0 (0: the default), got {chunk!r}")

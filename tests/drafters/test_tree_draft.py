@@ -59,6 +59,10 @@ def _chain_q(head, state, tokens, length, path_tokens):
     return out
 
 
+def _keys(seed, depth):
+    return jax.random.split(jax.random.key(seed), depth)[None]
+
+
 def _path(parent, node):
     out = []
     while node > 0:
@@ -78,7 +82,7 @@ def test_tree_nodes_carry_their_paths_chain_q(target, kind):
     draw = jax.jit(head.draft_tree, static_argnames=("vocab_size", "depth", "branch", "width"))
     shape = dict(depth=depth, branch=branch, width=width)
     args = (head.params, state, tokens, jnp.asarray([length]))
-    tree = draw(*args, SamplingParams.create(1.0, batch=1), jax.random.key(0), target.vocab_size, **shape)
+    tree = draw(*args, SamplingParams.create(1.0, batch=1), _keys(0, depth), target.vocab_size, **shape)
     parent, tok, rank = (np.asarray(x[0]) for x in (tree.parent, tree.tokens, tree.rank))
     nodes = branch + (depth - 1) * width
     assert parent.shape == (nodes + 1,) and parent[0] == -1 and all(0 <= parent[i] < i for i in range(1, nodes + 1))
@@ -93,12 +97,12 @@ def test_tree_nodes_carry_their_paths_chain_q(target, kind):
         np.testing.assert_allclose(np.asarray(tree.q[0, node]), np.asarray(chain[-1]), atol=2e-5, err_msg=str(path))
 
     greedy = SamplingParams.create(0.0, batch=1)
-    tree = draw(*args, greedy, jax.random.key(0), target.vocab_size, **shape)
+    tree = draw(*args, greedy, _keys(0, depth), target.vocab_size, **shape)
     want = np.argsort(-np.asarray(_chain_q(head, state, tokens, length, [])[0]), kind="stable")[:branch]
     np.testing.assert_array_equal(np.asarray(tree.tokens[0, 1 : branch + 1]), want)
     keys = jax.random.split(jax.random.key(0), depth)[None]
     chain = head.draft(*args, greedy, keys, target.vocab_size)
-    line = draw(*args, greedy, jax.random.key(0), target.vocab_size, depth=depth, branch=1, width=1)
+    line = draw(*args, greedy, _keys(0, depth), target.vocab_size, depth=depth, branch=1, width=1)
     np.testing.assert_array_equal(np.asarray(line.tokens[0, 1:]), np.asarray(chain.tokens[0]))
     np.testing.assert_array_equal(np.asarray(line.parent[0]), [-1, 0, 1, 2])
 
@@ -117,7 +121,7 @@ def test_sampled_tree_draws_children_without_replacement(target):
             tokens,
             jnp.asarray([length]),
             sampled,
-            jax.random.key(seed),
+            _keys(seed, 2),
             target.vocab_size,
             depth=2,
             branch=3,

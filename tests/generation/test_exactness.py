@@ -27,6 +27,7 @@ temperature 1 (all drafts accepted = 2 drafts + the bonus token as the third tok
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,7 @@ import scipy.stats
 
 import jaxspec
 from jaxspec import llama
+from jaxspec.core import tree_acceptance
 from jaxspec.core.acceptance import RejectionSampler
 from jaxspec.core.sampling import SamplingParams, warp
 from jaxspec.drafters import eagle
@@ -682,3 +684,61 @@ def test_per_row_parameters_in_one_call_are_exact(target, draft, target_logits):
         p_value, _, _ = chisquare_merged(counts[g], probs[3])
         assert p_value < 1e-10, f"rows {MIXED_GROUPS[g]} also fit {MIXED_GROUPS[3]} (p={p_value:.3g})"
     assert counts[3][probs[1] == 0].sum() > 100
+
+
+# --------------------------------------------------------------------------------------------- draft trees
+# A tree round (jaxspec.loop.tree): the head's tree of candidates, verified in one target pass by recursive rejection
+# sampling of siblings drawn without replacement. The trees are as wide as the heads' 3-token vocabulary allows and
+# keep fewer nodes per level than they are offered, so siblings, rejections down a branch and the pruning all occur.
+
+
+@dataclasses.dataclass(frozen=True)
+class _WrongTreeRule(RejectionSampler):
+    """A tree acceptance with one of ``accept_tree_row``'s wrong rules (the negative controls)."""
+
+    rule: str = "with_replacement"
+
+    def tree(self, keys, parent, token, rank, q, p, *, depth, branch):
+        row = functools.partial(tree_acceptance.accept_tree_row, depth=depth, branch=branch, wrong_rule=self.rule)
+        return jax.vmap(row)(keys, parent, token, rank, q, p)
+
+
+TREE_CASES = {  # name -> (head fixture, setting, tree)
+    "eagle-temp1": ("eagle_head", "temp1", (2, 3, 4)),
+    "eagle3-topp": ("eagle3_head", "topp0.8", (3, 2, 2)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", TREE_CASES)
+def test_tree_sampling_is_exact(request, target, target_logits, case):
+    fixture, setting, shape = TREE_CASES[case]
+    temperature, top_k, top_p = SETTINGS[setting]
+    head = request.getfixturevalue(fixture).with_tree(shape)
+    seed = 9000 + 10 * list(TREE_CASES).index(case)
+    p_value, result, probs, counts = run_and_test(
+        target, head, target_logits, gamma=shape[0], temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+    )
+    assert counts[probs == 0].sum() == 0
+    assert p_value > ALPHA, f"the tree's output does not follow the warped target (p={p_value:.3g})"
+    hist = result.stats.accept_hist  # paths of every length were accepted, the deepest included
+    assert all(h > 100 for h in hist), hist
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["with_replacement", "no_residual"])
+def test_negative_control_tree_rules_are_rejected(target, eagle_head, target_logits, rule):
+    """Siblings verified as if drawn independently, or no residual after a rejected sibling: the same test must
+    catch either."""
+    p_value, result, _, _ = run_and_test(
+        target,
+        eagle_head.with_tree(TREE_CASES["eagle-temp1"][2]),
+        target_logits,
+        gamma=2,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=9100,
+        acceptance=_WrongTreeRule(rule),
+    )
+    assert p_value < 1e-6, f"the test failed to detect the tree rule {rule!r} (p={p_value:.3g})"
