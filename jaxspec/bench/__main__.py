@@ -18,6 +18,7 @@ from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
 from jaxspec.bench.pairs import PAIRS
+from jaxspec.cli.generate import tree_arg
 from jaxspec.loop import compile_cache
 
 MODES = {
@@ -169,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=lambda s: [float(x) for x in s.split(",")],
         metavar="S[,S...]",
         help="--humaneval: the EAGLE head's temperature scale (default its saved one); several: one eagle~S mode each",
+    )
+    p.add_argument(
+        "--trees",
+        type=lambda s: [tree_arg(x) for x in s.split()],
+        metavar="'D,B,W [D,B,W ...]'",
+        help="--humaneval: the EAGLE head drafting trees of these shapes (depth, branch, width), one tree:D,B,W mode "
+        "each, after the other modes",
     )
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
     p.add_argument(

@@ -8,7 +8,8 @@ runs; ``lookup-all``, only when asked, is prompt lookup as it was before it abst
 round verified), the EAGLE head (``eagle``, at ``--eagle-gamma``, default γ) and, only when asked, the head with
 ``gamma="auto"`` (``eagle-auto``, its own policy) and ``lookup+eagle`` (``jaxspec.LookupFirst``: prompt lookup at
 γ for rows where it matches, the head at its γ for the others); ``--eagle-scale`` sets the head's temperature scale
-(several: one ``eagle~S`` mode each, at one γ). A warm-up call per mode and (rows, cache bucket) compiles first
+(several: one ``eagle~S`` mode each, at one γ); ``--trees`` adds the head drafting trees (``tree:D,B,W``, one
+per shape: depth, branch, width). A warm-up call per mode and (rows, cache bucket) compiles first
 (auto's calibration included).
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
@@ -71,7 +72,15 @@ def head_gamma_of(mode: str, default: int) -> int:
     return int(mode.split("@")[1]) if "@" in mode else default
 
 
+def tree_of(mode: str) -> tuple[int, int, int]:
+    """The shape of a ``tree:D,B,W`` mode."""
+    depth, branch, width = (int(x) for x in mode.split(":")[1].split(","))
+    return depth, branch, width
+
+
 def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None, head3=None) -> dict:
+    if mode.startswith("tree:"):
+        return dict(draft=head, tree=tree_of(mode))
     if mode.startswith("eagle3@"):
         return dict(draft=head3, gamma=head_gamma_of(mode, gamma))
     if mode.startswith("eagle@"):
@@ -102,7 +111,9 @@ def run(args) -> dict:
     load_s = time.perf_counter() - start
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
     modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", DEFAULT_MODES)]
-    head = eagle.load(getattr(args, "eagle_head", None) or HEAD, target) if set(HEAD_MODES) & set(modes) else None
+    trees = [f"tree:{d},{b},{w}" for d, b, w in getattr(args, "trees", None) or ()]
+    wants_head = bool(set(HEAD_MODES) & set(modes) or trees)
+    head = eagle.load(getattr(args, "eagle_head", None) or HEAD, target) if wants_head else None
     head_gammas = tuple(getattr(args, "eagle_gamma", None) or (args.gamma,))
     head_gamma = head_gammas[0]
     if len(head_gammas) > 1 and "eagle" in modes:  # the head at each γ, interleaved like the other modes
@@ -118,6 +129,7 @@ def run(args) -> dict:
     head3_gammas = tuple(getattr(args, "eagle3_gamma", None) or (2,))
     if head3 is not None:  # the EAGLE-3 head at each of its γ, after the other modes
         modes += [f"eagle3@{g}" for g in head3_gammas]
+    modes += trees  # the head's trees, after the other modes
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -235,7 +247,10 @@ def run(args) -> dict:
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                if m.startswith("eagle3@"):
+                tree = m.startswith("tree:")
+                if tree:  # no chain's c and v describe a tree round (its cost is round_cost): no bound either
+                    g, cm, vm = tree_of(m)[0], float("nan"), float("nan")
+                elif m.startswith("eagle3@"):
                     g = head_gamma_of(m, 2)
                     cm, vm = head3_costs[g]
                 elif (m in HEAD_MODES and m != "lookup+eagle") or m.startswith(("eagle@", "eagle~")):
@@ -243,7 +258,8 @@ def run(args) -> dict:
                     cm, vm = head_costs[g]
                 else:
                     g, cm, vm = args.gamma, c, v
-                bound = tau / (g * cm + vm) if m == "fixed" or (m.startswith("eagle") and m != "eagle-auto") else None
+                chain = m == "fixed" or (m.startswith("eagle") and m != "eagle-auto")
+                bound = tau / (g * cm + vm) if chain else None
                 bound_alpha = bound_cpu(alpha, g, cm, vm) if bound and alpha is not None else None
                 reached, accepted = position_counts(t["hist"])
                 positions = [a / r if r else None for a, r in zip(accepted, reached)]
@@ -257,8 +273,8 @@ def run(args) -> dict:
                     "ratio": tps / plain_tps,
                     "round_cost": round_cost,
                     "gamma": g if m not in ("plain", *AUTO_MODES) else None,
-                    "c": cm,
-                    "v": vm,
+                    "c": None if tree else cm,
+                    "v": None if tree else vm,
                     "bound": bound,
                     "bound_v1": None if bound is None else tau / (g * cm + 1.0),
                     "position_acceptance": positions,

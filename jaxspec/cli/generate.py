@@ -61,6 +61,17 @@ as rows finish).
 # --------------------------------------------------------------------------------------------- arguments
 
 
+def tree_arg(text: str) -> tuple[int, int, int]:
+    """``--tree``: ``DEPTH,BRANCH,WIDTH``, three ints >= 1."""
+    try:
+        parts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"must be DEPTH,BRANCH,WIDTH (three ints >= 1), got {text!r}")
+    return parts[0], parts[1], parts[2]
+
+
 def gamma_arg(text: str):
     """``--gamma``: an int >= 1 or ``"auto"``."""
     if text == "auto":
@@ -126,6 +137,12 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
         "--gamma",
         type=gamma_arg,
         help="draft tokens per round, or 'auto' (default: the drafter's, 2 for an EAGLE head, 4 otherwise)",
+    )
+    g.add_argument(
+        "--tree",
+        type=tree_arg,
+        help="DEPTH,BRANCH,WIDTH: with an EAGLE head, draft a tree each round (the root's BRANCH best children, then "
+        "the WIDTH most promising per level, DEPTH levels) verified in one target pass; γ is DEPTH",
     )
     g.add_argument("--max-new-tokens", type=positive, default=128, help="per prompt (default 128)")
     g.add_argument(

@@ -113,4 +113,6 @@ def gen_kwargs(args: argparse.Namespace, draft, chat: bool = True) -> dict:
         kw["chat"] = args.chat
     if draft is not None:
         kw["gamma"] = args.gamma
+        if getattr(args, "tree", None) is not None:
+            kw["tree"] = args.tree
     return kw

@@ -4,14 +4,15 @@
     python scripts/studies/device_costs.py [OUT_DIR] [--shapes smollm2-135m,llama-3.1-8b] [--budget-s 330]
 
 For each shape (bfloat16 weights and caches, float32 logits), at batch 1 and a cache of ``cache_len`` slots with the
-new tokens at ``position``: the target's one-token step and its verify passes over 2..7 tokens (v = verify ÷ step),
+new tokens at ``position``: the target's one-token step and its verify passes over 2..33 tokens (a chain's γ+1, a
+tree's root and nodes; v = verify ÷ step),
 and for an EAGLE-1-style head and an EAGLE-3 head (8191 or 32000 draft ids) the draft phase of a round of γ (the
 window pass over γ+1 pairs, then γ−1 one-token steps), as c per draft token (÷ γ ÷ step). Calls are interleaved call
-by call in blocks; figures are medians. Then, SmolLM2-shaped only, whole ``jaxspec.generate`` loops (plain, the
-EAGLE-1 head at γ=2, the EAGLE-3 head at γ=3; α ≈ 0 with random heads, so each pass yields one token) as ms per
-target pass, the loop's own overheads included. Prints one JSON object per figure and appends each to
-``OUT_DIR/device_costs.jsonl`` as it goes (a timeout keeps what was measured). Stops starting new sections past
-``--budget-s``.
+by call in blocks; figures are medians. Then whole ``jaxspec.generate`` loops (``--loop-modes``: plain, the
+EAGLE-1 head at γ=2, the EAGLE-3 head at γ=3, the EAGLE-1 head's trees (5, 3, 6) and (6, 4, 10); α ≈ 0 with random
+heads, so each pass yields one token) as ms per target pass, the loop's own overheads included. Prints one JSON
+object per figure and appends each to ``OUT_DIR/device_costs.jsonl`` as it goes (a timeout keeps what was
+measured). Stops starting new sections past ``--budget-s``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ SHAPES = {
         position=640,
     ),
 }
-VERIFY_WIDTHS = (2, 3, 4, 5, 7)
+VERIFY_WIDTHS = (2, 3, 4, 5, 7, 12, 17, 25, 33)  # chains' γ+1, and trees' N+1 (root and nodes)
 GAMMAS = (2, 3, 4, 6)
 
 
@@ -132,7 +133,7 @@ def step_costs(out, name: str, iters: int, blocks: int):
         timer.block(iters)
     ms = {k: round(v * 1e3, 4) for k, v in timer.medians().items()}
     step = ms["target_1"]
-    v = {w - 1: round(ms[f"target_{w}"] / step, 3) for w in VERIFY_WIDTHS}  # by γ (verify over γ+1 tokens)
+    v = {w: round(ms[f"target_{w}"] / step, 3) for w in VERIFY_WIDTHS}  # by width (a chain's γ+1, a tree's N+1)
     c = {}
     for head in ("eagle1", "eagle3"):
         c[head] = {g: round((ms[f"{head}_window_{g + 1}"] + (g - 1) * ms[f"{head}_1"]) / g / step, 3) for g in GAMMAS}
@@ -144,7 +145,7 @@ def step_costs(out, name: str, iters: int, blocks: int):
         cache_len=cache_len,
         calls=timer.count(),
         ms=ms,
-        v_by_gamma=v,
+        v_by_width=v,
         c_by_gamma=c,
     )
     return target, e1, e3
@@ -156,12 +157,23 @@ def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, m
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, target.vocab_size, (batch, 64)).astype(np.int32)
     heads = {"plain": None, "eagle1": e1, "eagle3": e3}
-    runs = {m: (heads[m.split("@")[0]], int(m.split("@")[1]) if "@" in m else None) for m in modes}
+
+    def setting(mode):  # HEAD@G: a chain of G; HEAD@D.B.W: a tree of depth D, branch B, width W
+        head, _, at = mode.partition("@")
+        if not at:
+            return heads[head], None
+        if "." in at:
+            return heads[head], tuple(int(x) for x in at.split("."))
+        return heads[head], int(at)
+
+    runs = {m: setting(m) for m in modes}
     kw = dict(max_new_tokens=new_tokens, temperature=0.0)
 
     def call(draft, g, seed):
         if draft is None:
             return jaxspec.generate(target, prompt, seed=seed, **kw)
+        if isinstance(g, tuple):
+            return jaxspec.generate(target, prompt, draft=draft, tree=g, seed=seed, **kw)
         return jaxspec.generate(target, prompt, draft=draft, gamma=g, seed=seed, **kw)
 
     t0 = time.perf_counter()
@@ -202,7 +214,11 @@ def main(argv=None):
     p.add_argument("--shapes", default="smollm2-135m,llama-3.1-8b", help="shapes whose steps are timed")
     p.add_argument("--loop-shapes", default="smollm2-135m", help="shapes whose whole loops are timed")
     p.add_argument("--loop-batches", default="1")
-    p.add_argument("--loop-modes", default="plain,eagle1@2,eagle3@3", help="plain and HEAD@GAMMA (eagle1, eagle3)")
+    p.add_argument(
+        "--loop-modes",
+        default="plain,eagle1@2,eagle3@3,eagle1@5.3.6,eagle1@6.4.10",
+        help="plain, HEAD@GAMMA (a chain) and HEAD@D.B.W (a tree: depth, branch, width), HEAD eagle1 or eagle3",
+    )
     p.add_argument("--budget-s", type=float, default=330.0)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--blocks", type=int, default=3)
