@@ -18,7 +18,7 @@ from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
 from jaxspec.bench.pairs import PAIRS
-from jaxspec.cli.generate import tree_arg
+from jaxspec.drafters import eagle
 from jaxspec.loop import compile_cache
 
 MODES = {
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trees",
-        type=lambda s: [tree_arg(x) for x in s.split()],
+        type=lambda s: [eagle.parse_tree(x) for x in s.split()],
         metavar="'D,B,W [D,B,W ...]'",
         help="--humaneval: the EAGLE head drafting trees of these shapes (depth, branch, width), one tree:D,B,W mode "
         "each, after the other modes",

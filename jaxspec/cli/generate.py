@@ -18,6 +18,7 @@ from jaxspec.cli.models import (
     load_models,
 )
 from jaxspec.cli.progress import Progress
+from jaxspec.drafters import eagle
 from jaxspec.loop import compile_cache
 
 GENERATE_HELP = """\
@@ -64,12 +65,9 @@ as rows finish).
 def tree_arg(text: str) -> tuple[int, int, int]:
     """``--tree``: ``DEPTH,BRANCH,WIDTH``, three ints >= 1."""
     try:
-        parts = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        parts = ()
-    if len(parts) != 3 or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"must be DEPTH,BRANCH,WIDTH (three ints >= 1), got {text!r}")
-    return parts[0], parts[1], parts[2]
+        return eagle.parse_tree(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def gamma_arg(text: str):

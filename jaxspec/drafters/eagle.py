@@ -332,6 +332,15 @@ def check_tree(tree) -> tuple[int, int, int]:
     return depth, branch, width
 
 
+def parse_tree(text: str) -> tuple[int, int, int]:
+    """``"DEPTH,BRANCH,WIDTH"`` as ``check_tree``'s shape (``ValueError`` naming ``tree`` otherwise)."""
+    try:
+        parts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"tree must be DEPTH,BRANCH,WIDTH (three ints >= 1), got {text!r}") from None
+    return check_tree(parts)
+
+
 def _head_fns(cfg):
     """``(apply_fn, init_cache)`` of either kind of head config."""
     return eagle3.head_fns(cfg) if isinstance(cfg, eagle3.Eagle3Config) else eagle_model.head_fns(cfg)

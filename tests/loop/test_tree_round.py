@@ -161,6 +161,10 @@ def test_tree_settings_are_checked(target, heads):
     for bad in [(0, 2, 2), (2, 2), "3,2,2", (2, 2, 5), (2.0, 2, 2), (True, 2, 2)]:
         with pytest.raises(ValueError, match="tree"):
             jaxspec.generate(target, PROMPTS, draft=head, tree=bad, max_new_tokens=4)
+    for bad in ["3,2", "3,2,x", "0,2,2", "2,2,5"]:  # the CLI's --tree and the bench's --trees
+        with pytest.raises(ValueError, match="tree"):
+            eagle.parse_tree(bad)
+    assert eagle.parse_tree("5,3,6") == (5, 3, 6)
     with pytest.raises(ValueError, match="tree"):
         jaxspec.generate(target, PROMPTS, draft="prompt_lookup", tree=(2, 2, 2), max_new_tokens=4)
     with pytest.raises(ValueError, match="depth"):
