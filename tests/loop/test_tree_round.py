@@ -1,8 +1,8 @@
 """Tree rounds in the compiled loop (``jaxspec.loop.tree``): greedy output equals plain greedy decoding for every
 path the acceptance can take (an oracle writes the target's own continuation along a path of varying ranks, so
-rounds accept 0 to depth tokens, down first and later siblings), in ``generate``, the ``Engine``, on a mesh and at
-the cache's end; the target cache after tree rounds equals a from-scratch pass over the accepted tokens; new
-temperatures and seeds compile nothing."""
+rounds accept 0 to depth tokens, down first and later siblings), in ``generate``, ``stream``, the ``Engine``, on a
+mesh and at the cache's end; the target cache after tree rounds equals a from-scratch pass over the accepted
+tokens; new temperatures and seeds compile nothing."""
 
 import dataclasses
 
@@ -98,7 +98,9 @@ def test_greedy_tree_equals_plain_on_every_path(target, heads, plain, kind, shap
     assert alone.tokens == plain.tokens and alone.stats.accept_hist[0] > 0
 
 
-def test_engine_and_mesh_with_a_tree_equal_plain(target, heads, plain):
+def test_engine_stream_and_mesh_with_a_tree_equal_plain(target, heads, plain):
+    steps = jaxspec.stream(target, PROMPTS[0], draft=heads["eagle3"], tree=(3, 2, 3), **GREEDY)
+    assert [t for step in steps for row in step.tokens for t in row] == plain.tokens[0]
     prompts = PROMPTS * 2
     want = plain.tokens * 2
     engine = jaxspec.Engine(target, draft=heads["eagle3"], tree=(3, 2, 3), slots=4, **GREEDY)
