@@ -219,7 +219,11 @@ def run(args) -> dict:
                     t["rounds"] += s.rounds
                     t["row_steps"] += s.target_passes
                     hist = list(s.accept_hist or ())
-                    t["hist"] = [a + b for a, b in zip(t["hist"] + [0] * len(hist), hist + [0] * len(t["hist"]))]
+                    size = max(len(t["hist"]), len(hist))  # histograms of one mode: one length
+                    t["hist"] = [
+                        a + b
+                        for a, b in zip(t["hist"] + [0] * (size - len(t["hist"])), hist + [0] * (size - len(hist)))
+                    ]
                     if m in AUTO_MODES and s.policy:
                         key = "plain" if s.policy.get("gamma", 0) == 0 else f"γ={s.policy['gamma']}"
                         choices[m][key] = choices[m].get(key, 0) + 1
