@@ -346,6 +346,11 @@ def test_humaneval_flags_and_head_modes(small_draft):
     assert _kwargs("eagle3@5", "draft", 4, policies, head, 2, head3) == dict(draft=head3, gamma=5)
     with pytest.raises(SystemExit):
         parse_args(["--humaneval", "--eagle3-gamma", "2,0"])
+    # the head's trees: one tree:D,B,W mode per shape
+    assert parse_args(["--humaneval", "--trees", "5,3,6 6,4,10"]).trees == [(5, 3, 6), (6, 4, 10)]
+    with pytest.raises(SystemExit):
+        parse_args(["--humaneval", "--trees", "5,3"])
+    assert _kwargs("tree:5,3,6", "draft", 4, policies, head, 2) == dict(draft=head, tree=(5, 3, 6))
     assert parse_args(["--humaneval", "--eagle-scale", "1,0.75"]).eagle_scale == [1.0, 0.75]
     for bad in (["--eagle-scale", "0"], ["--eagle-scale", "1,inf"], ["--eagle-scale", "1,0.7", "--eagle-gamma", "2,4"]):
         with pytest.raises(SystemExit):
