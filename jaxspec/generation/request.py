@@ -300,6 +300,11 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
         depth = lookup.tree[0]
         if gamma is None:
             gamma = depth
+        elif isinstance(gamma, str) and gamma == "auto":
+            raise ValueError(
+                f"gamma='auto' does not choose trees yet; pass tree={lookup.tree} alone (γ is its depth) or "
+                "gamma='auto' without a tree"
+            )
         elif gamma != depth:
             raise ValueError(f"gamma={gamma!r} with tree={lookup.tree}: a tree round's γ is its depth ({depth})")
     if gamma is None:  # the drafter's own default (a draft model's: the base class's)
