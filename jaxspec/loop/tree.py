@@ -47,8 +47,7 @@ def tree_round(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     )
     nodes = tree.tokens.shape[1]  # N + 1, the root included
     base = state.length - 1  # the root's position and slot
-    index = jnp.arange(nodes, dtype=jnp.int32)
-    fits = base[:, None] + index[None] < size
+    fits = base[:, None] + jnp.arange(nodes, dtype=jnp.int32)[None] < size
     parent = jnp.where(fits, tree.parent, -1)
 
     tokens = tree.tokens.at[:, 0].set(state.tokens[rows, base])
@@ -68,10 +67,10 @@ def tree_round(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     before = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), path], axis=1)  # [B, depth + 1]
     path_tokens = jnp.take_along_axis(tree.tokens, path, axis=1)
     cand = jnp.where(steps[None] < n[:, None], jnp.concatenate([path_tokens, nxt[:, None]], axis=1), nxt[:, None])
-    logp = jax.nn.log_softmax(jnp.take_along_axis(logits, before[:, :, None], axis=1), axis=-1)
-    token_logprobs = jnp.take_along_axis(logp, cand[:, :, None], axis=-1)[..., 0]
+    decided = jnp.take_along_axis(logits, before[:, :, None], axis=1)  # the logits each emitted token came from
+    token_logprobs = jnp.take_along_axis(jax.nn.log_softmax(decided, axis=-1), cand[:, :, None], axis=-1)[..., 0]
     used = steps[None] <= n[:, None]
-    bad_target = active & jnp.any(bad_logits(jnp.take_along_axis(logits, before[:, :, None], axis=1)) & used, 1)
+    bad_target = active & jnp.any(bad_logits(decided) & used, axis=1)
 
     # the accepted nodes' entries to the slots after the root's; the rest of the tree's slots stay stale
     src = base[:, None] + path
