@@ -36,10 +36,18 @@ def _step(apply_fn, prefill: bool = False):
     return jax.jit(cache_only, donate_argnums=3)
 
 
+def _host_zeros(tree):
+    """Zeros of the shapes and dtypes of ``tree`` (of ``jax.ShapeDtypeStruct``s), made on the host and put on the
+    device: building them with jax ops (``jnp.zeros``, even ``jnp.asarray``) would compile a small program per shape
+    on a first call, while compiles of the steps hold the cores (a cost does not depend on the values)."""
+    return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), tree)
+
+
 def _step_args(model, batch: int, cache_len: int, tokens: int) -> tuple:
-    toks = jnp.zeros((batch, tokens), jnp.int32)
-    pos = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32) + cache_len // 2, (batch, tokens))
-    return model.params, toks, pos, model.init_cache(batch, cache_len)
+    toks = jax.device_put(np.zeros((batch, tokens), np.int32))
+    pos = jax.device_put(np.broadcast_to(np.arange(tokens, dtype=np.int32) + cache_len // 2, (batch, tokens)))
+    cache = _host_zeros(jax.eval_shape(lambda: model.init_cache(batch, cache_len)))
+    return model.params, toks, pos, cache
 
 
 def compile_all(lowered: dict) -> dict:
@@ -139,9 +147,11 @@ def _draw():
 
 def _draw_args(batch: int, vocab: int) -> tuple:
     # drawn on the host: a jax draw here would compile a program of its own on a first call
-    logits = jnp.asarray(np.random.default_rng(0).standard_normal((batch, vocab), np.float32))
-    keys = jax.random.split(jax.random.key(1), batch)
-    return logits, keys, sampling.SamplingParams.create(1.0, batch=batch)
+    logits = np.random.default_rng(0).standard_normal((batch, vocab), np.float32)
+    data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))  # the default generator's key layout
+    keys = jax.random.wrap_key_data(jax.device_put(np.ones((batch, *data.shape), data.dtype)))
+    ones, off = np.ones(batch, np.float32), np.zeros(batch, np.int32)
+    return jax.device_put((logits, keys, sampling.SamplingParams(ones, off, ones)))
 
 
 def lower_sampling(batch: int, vocab: int):
@@ -307,10 +317,11 @@ def extrapolate(points: dict, x: float) -> float:
 
 # A model of at least EXTRAPOLATE_FROM layers has its passes timed on two copies that keep its first LAYER_POINTS
 # layers (``families.first_layers``: the same weights, embedding and LM head) and ``extrapolate``d to its depth:
-# compiling 2 + 6 layers instead of all of them costs less (layers are held split, so compile time grows with depth),
-# at a few to ~15 % from the full passes' timings on the 2-core CPU, as 3 + 11 layers were (which compiled 4 s more
-# for SmolLM2); calls then measure their own rounds (docs/history/gamma-auto.md).
-LAYER_POINTS = (2, 6)
+# compiling 1 + 4 layers instead of all of them costs less (layers are held split, so compile time grows with depth).
+# On the 2-core CPU the estimates from 1 + 4, 2 + 6 and 3 + 11 layers all fall within about ±10 % of the full
+# passes' timings, and as often outside it, set by the machine's noise, while 1 + 4 compiles the least; calls then
+# measure their own rounds (docs/history/gamma-auto.md).
+LAYER_POINTS = (1, 4)
 EXTRAPOLATE_FROM = 22
 DEPTH_ITERS = 9  # calls timed per copy (cheap ones): the slope between them is multiplied by the layers beyond
 

@@ -70,7 +70,7 @@ def test_a_deep_models_passes_are_extrapolated_from_copies_of_its_first_layers(s
     models = {key[0] for key in compiled if key != "draw"}
     assert deep not in models and small_draft in models  # negative control: the draft is shallow, timed whole
     copies = sorted((k[0].config.num_layers, k[3]) for k in compiled if k != "draw" and k[0] is not small_draft)
-    assert copies == [(2, 1), (2, 5), (6, 1), (6, 5)]  # (layers, tokens): each copy over 1 and γ+1 = 5 tokens
+    assert copies == [(1, 1), (1, 5), (4, 1), (4, 5)]  # (layers, tokens): each copy over 1 and γ+1 = 5 tokens
     assert timed.count(sorted(timing.LAYER_POINTS)) == 2  # the two copies, timed in turn, for each width
 
     compiled.clear()
@@ -81,6 +81,26 @@ def test_a_deep_models_passes_are_extrapolated_from_copies_of_its_first_layers(s
     monkeypatch.undo()  # and for real: the copies compile and time
     costs = timing.measure_costs(deep, small_draft, 1, 64, (2,))
     assert costs.step_s > 0 and costs.v[2] > 0 and costs.c > 0
+
+
+def test_the_calibrations_inputs_compile_nothing(small_draft):
+    """The inputs the calibration times its steps and its draw on (tokens, positions, a cache, logits, keys, sampling
+    settings) are built on the host: jax ops would compile a small program per shape on a first call, beside the
+    steps' own compiles (on the 2-core CPU those were ~10 programs and ~4 s of compile in a first auto job). The
+    negative control builds a cache the usual way, which compiles."""
+    from helpers import tiny_config
+
+    from jaxspec.models import llama
+    from jaxspec.policy import timing
+
+    model = llama.init(tiny_config(num_layers=2, hidden_size=24, intermediate_size=40), seed=0, name="fresh")
+    with count_compiles() as counts:
+        timing._step_args(model, 3, 48, 5)
+        timing._draw_args(3, 77)
+    assert counts["compiles"] == 0
+    with count_compiles() as counts:
+        model.init_cache(3, 47)  # shapes no test has built before
+    assert counts["compiles"] > 0
 
 
 def test_position_estimates_come_from_accept_histograms(target, small_draft):
