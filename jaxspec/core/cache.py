@@ -71,15 +71,31 @@ class TreePositions:
     ``slots[b, 0]``) and the nodes ``j`` with ``visible[b, t, j]`` (its ancestors and itself), nothing else: stale
     entries of earlier rounds and other branches stay unseen.
 
+    A pass may also run only some nodes of a tree whose other nodes are in the cache already (a drafter growing its
+    tree a level per pass): ``columns`` then names the slots of the nodes ``visible`` ranges over (with their
+    ``column_rope``) and ``start`` the first slot past the committed prefix.
+
     Attributes:
       rope: ``[B, T]`` int32 positions for RoPE.
       slots: ``[B, T]`` int32 cache slots; node 0 is the root and ``slots[:, 0]`` the first slot past the prefix.
-      visible: ``[B, T, T]`` bool.
+      visible: ``[B, T, N]`` bool: which nodes each query sees; without ``columns``, the pass's own (N = T).
+      columns: ``[B, N]`` int32 slots of ``visible``'s nodes, or None (the pass's own: ``slots``).
+      column_rope: ``[B, N]`` int32 their positions, or None (``rope``); given with ``columns``.
+      start: ``[B]`` int32 the first slot past the committed prefix, or None (``slots[:, 0]``).
     """
 
     rope: jax.Array
     slots: jax.Array
     visible: jax.Array
+    columns: jax.Array | None = None
+    column_rope: jax.Array | None = None
+    start: jax.Array | None = None
+
+    def seen(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``(columns, column_rope, start)`` with their defaults filled in."""
+        columns = self.slots if self.columns is None else self.columns
+        column_rope = self.rope if self.column_rope is None else self.column_rope
+        return columns, column_rope, self.slots[:, 0] if self.start is None else self.start
 
     @classmethod
     def from_parents(cls, parent: jax.Array, base: jax.Array, max_depth: int) -> TreePositions:
@@ -116,14 +132,15 @@ def attention_mask(positions, length: int) -> jax.Array:
     and the slots of the visible nodes."""
     if not isinstance(positions, TreePositions):
         return causal_mask(positions, length)
-    slots = positions.slots
-    prefix = jnp.arange(length, dtype=slots.dtype)[None, None, :] < slots[:, :1, None]  # [B, 1, S]
-    return prefix | _node_slots(positions.visible, slots, length)
+    columns, _, start = positions.seen()
+    prefix = jnp.arange(length, dtype=columns.dtype)[None, None, :] < start[:, None, None]  # [B, 1, S]
+    return prefix | _node_slots(positions.visible, columns, length)
 
 
 def _node_slots(chosen: jax.Array, slots: jax.Array, length: int) -> jax.Array:
-    """``[B, T, S]`` bool: for each query ``t``, the slots of the nodes ``j`` with ``chosen[b, t, j]``."""
-    at = slots[:, :, None] == jnp.arange(length, dtype=slots.dtype)[None, None, :]  # [B, T(node j), S]
+    """``[B, T, S]`` bool: for each query ``t``, the slots ``slots [B, N]`` of the nodes ``j`` with ``chosen[b, t,
+    j]``."""
+    at = slots[:, :, None] == jnp.arange(length, dtype=slots.dtype)[None, None, :]  # [B, N(node j), S]
     return jnp.einsum("btj,bjs->bts", chosen.astype(jnp.int32), at.astype(jnp.int32)) > 0
 
 
@@ -135,9 +152,9 @@ def window_mask(positions, length: int, window: int) -> jax.Array:
     recent = every > rope[:, :, None] - window
     if not isinstance(positions, TreePositions):
         return recent
-    slots = positions.slots
-    near = rope[:, None, :] > rope[:, :, None] - window  # [B, T(query), T(node j)]
-    return jnp.where(every >= slots[:, :1, None], _node_slots(near, slots, length), recent)
+    columns, column_rope, start = positions.seen()
+    near = column_rope[:, None, :] > rope[:, :, None] - window  # [B, T(query), N(node j)]
+    return jnp.where(every >= start[:, None, None], _node_slots(near, columns, length), recent)
 
 
 def move_slots(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:

@@ -52,15 +52,13 @@ def accept_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int, 
         hit = (parent == u) & (rank == j) & (index > 0)
         return jnp.where(jnp.any(hit), jnp.argmax(hit), -1)
 
-    u = jnp.int32(0)
-    n = jnp.int32(0)
-    done = jnp.bool_(False)
-    out = jnp.int32(0)
-    path = jnp.zeros((depth,), jnp.int32)
-    for d in range(depth + 1):
-        r, proposal = p[u], q[u]
-        chosen = jnp.int32(-1)
-        for j in range(branch):
+    # one level per step of a loop, one sibling per step of an inner one: the program holds one level's work
+    # whatever the tree's shape (unrolled, each level's vocabulary-wide steps compiled again)
+    def level(d, carry):
+        key, u, n, done, out, path = carry
+
+        def sibling(j, inner):
+            key, r, proposal, chosen = inner
             c = child(u, j)
             live = (c >= 0) & (chosen < 0) & ~done
             x = token[jnp.maximum(c, 0)]
@@ -72,15 +70,21 @@ def accept_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int, 
                 r = jnp.where(reject, _normalized(jnp.maximum(r - proposal, 0.0), r), r)
             if wrong_rule != "with_replacement":
                 proposal = jnp.where(reject, _normalized(proposal.at[x].set(0.0), proposal), proposal)
+            return key, r, proposal, chosen
+
+        key, r, _, chosen = jax.lax.fori_loop(0, branch, sibling, (key, p[u], q[u], jnp.int32(-1)))
         moved = (chosen >= 0) & ~done
-        if d < depth:
-            path = jnp.where(moved, path.at[d].set(chosen), path)
+        if depth > 0:  # the deepest level (d = depth) has no children: moved is False there
+            path = jnp.where(moved, path.at[jnp.minimum(d, depth - 1)].set(chosen), path)
         key, sub = jax.random.split(key)
         stop = ~done & ~moved
         out = jnp.where(stop, sample(sub, r), out)
         n = n + moved.astype(jnp.int32)
         u = jnp.where(moved, chosen, u)
-        done = done | stop
+        return key, u, n, done | stop, out, path
+
+    start = (key, jnp.int32(0), jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.zeros((depth,), jnp.int32))
+    _, _, n, _, out, path = jax.lax.fori_loop(0, depth + 1, level, start)
     return n, path, out
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxspec.core.cache import KVCache, TreePositions
 from jaxspec.core.model import CausalLM
@@ -274,34 +275,68 @@ class EagleDrafter(Drafter):
         score = jnp.full((batch, nodes + 1), -jnp.inf).at[:, 0].set(0.0).at[:, 1 : branch + 1].set(own1[:, 0])
         q = jnp.zeros((batch, nodes + 1, q0.shape[-1]), jnp.float32).at[:, 0].set(q0[:, 0])
         hidden = jnp.zeros((batch, nodes + 1, feats.shape[-1]), feats.dtype).at[:, 0].set(feats[:, -1])
-        base = length - 1  # the first node's slot: the head's verified pairs end at position L-2
-        first, count = 1, branch  # the newest level's nodes: first .. first + count - 1
-        for d in range(1, depth):
-            drafted = first + count  # nodes 1 .. drafted-1 so far
-            sub = parent[:, 1:drafted]  # the pass over them: node i at pass index i-1; level-1 nodes are roots
-            positions = TreePositions.from_parents(jnp.where(sub > 0, sub - 1, -1), base, max_depth=d - 1)
+        base = length - 1  # node i's slot is base + i - 1: the head's verified pairs end at position L-2
+        level_of = np.concatenate([[0], np.ones(branch), 2 + np.arange((depth - 1) * width) // width]).astype(np.int32)
+        columns = base[:, None] + jnp.arange(nodes, dtype=jnp.int32)[None]  # the slots of nodes 1..N
+        column_rope = base[:, None] + jnp.asarray(level_of[1:] - 1)[None]
+
+        def positions_of(parent, at, level):
+            """The level pass over nodes ``at [count]`` (of ``level``): each sees its ancestors and itself among the
+            tree's nodes (those of earlier levels are in the cache from their own passes) and the verified prefix."""
+            hops = [jnp.broadcast_to(at[None], (batch, at.shape[0]))]
+            for _ in range(depth - 2):  # a node of the deepest level with a pass (depth - 1) has depth - 2 ancestors
+                up = jnp.take_along_axis(parent, jnp.maximum(hops[-1], 0), axis=1)
+                hops.append(jnp.where(hops[-1] > 0, up, -1))
+            ancestry = jnp.stack(hops, axis=-1)  # [B, count, hops]
+            node = jnp.arange(1, nodes + 1, dtype=jnp.int32)
+            visible = jnp.any(ancestry[:, :, None, :] == node[None, None, :, None], axis=-1)  # [B, count, N]
+            rope = jnp.broadcast_to(base[:, None] + level - 1, hops[0].shape)
+            return TreePositions(rope, base[:, None] + hops[0] - 1, visible, columns, column_rope, base)
+
+        def grow(carry, level, first, count: int):
+            """Level ``level``'s head pass over its ``count`` nodes ``first ..`` and the ``width`` children of level
+            ``level + 1`` it keeps (their allocation decided before they are drawn)."""
+            node_tok, parent, rank, score, q, hidden, cache, bad = carry
+            take = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=first, slice_size=count, axis=1)
+            own_parent = take(parent)
             out, own_feats, cache = apply_fn(
-                params, node_tok[:, 1:drafted], hidden[rows, jnp.maximum(parent[:, 1:drafted], 0)], positions, cache
+                params,
+                take(node_tok),
+                hidden[rows, jnp.maximum(own_parent, 0)],
+                positions_of(parent, first + jnp.arange(count, dtype=jnp.int32), level),
+                cache,
             )
-            hidden = hidden.at[:, 1:drafted].set(own_feats.astype(hidden.dtype))
-            level = slice(first - 1, first - 1 + count)  # the newest level within the pass
-            q_level = warp(out[:, level], sampling)
-            q = q.at[:, first : first + count].set(q_level)
-            live = parent[:, first : first + count] >= 0
-            bad = bad | jnp.any(bad_logits(out[:, level]) & live, axis=1)
-            tok, own, ranked = expand(keys[:, d], out[:, level], q_level)  # [B, count, branch]
-            above = score[:, first : first + count, None]
+            hidden = jax.lax.dynamic_update_slice_in_dim(hidden, own_feats.astype(hidden.dtype), first, axis=1)
+            q_level = warp(out, sampling)
+            q = jax.lax.dynamic_update_slice_in_dim(q, q_level, first, axis=1)
+            live = own_parent >= 0
+            bad = bad | jnp.any(bad_logits(out) & live, axis=1)
+            tok, own, ranked = expand(keys[:, level], out, q_level)  # [B, count, branch]
+            above = take(score)[:, :, None]
             total = jnp.where(live[:, :, None], above + ranked, -jnp.inf)
             best, pick = jax.lax.top_k(total.reshape(batch, count * branch), width)
             owner, child_rank = pick // branch, pick % branch
-            new = slice(drafted, drafted + width)
             kept = jnp.isfinite(best)
-            node_tok = node_tok.at[:, new].set(jnp.take_along_axis(tok.reshape(batch, -1), pick, axis=1))
-            parent = parent.at[:, new].set(jnp.where(kept, first + owner, -1).astype(jnp.int32))
-            rank = rank.at[:, new].set(child_rank.astype(jnp.int32))
             own_score = jnp.take_along_axis((above + own).reshape(batch, -1), pick, axis=1)
-            score = score.at[:, new].set(jnp.where(kept, own_score, -jnp.inf))
-            first, count = drafted, width
+            new = first + count
+
+            def put(x, value):
+                return jax.lax.dynamic_update_slice_in_dim(x, value.astype(x.dtype), new, axis=1)
+
+            node_tok = put(node_tok, jnp.take_along_axis(tok.reshape(batch, -1), pick, axis=1))
+            parent = put(parent, jnp.where(kept, first + owner, -1))
+            rank = put(rank, child_rank)
+            score = put(score, jnp.where(kept, own_score, -jnp.inf))
+            return node_tok, parent, rank, score, q, hidden, cache, bad
+
+        carry = (node_tok, parent, rank, score, q, hidden, cache, bad)
+        if depth > 1:
+            carry = grow(carry, 1, 1, branch)
+        if depth > 2:  # levels 2 .. depth-1 have the same shapes: one loop, compiled once
+            carry = jax.lax.fori_loop(
+                2, depth, lambda level, c: grow(c, level, 1 + branch + (level - 2) * width, width), carry
+            )
+        node_tok, parent, rank, score, q, hidden, cache, bad = carry
         return TreeProposal(node_tok, parent, rank, q, dataclasses.replace(state, cache=cache), bad)
 
     def as_model(self) -> CausalLM:
