@@ -150,8 +150,8 @@ def _draw_args(batch: int, vocab: int) -> tuple:
     logits = np.random.default_rng(0).standard_normal((batch, vocab), np.float32)
     data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))  # the default generator's key layout
     keys = jax.random.wrap_key_data(jax.device_put(np.ones((batch, *data.shape), data.dtype)))
-    ones, off = np.ones(batch, np.float32), np.zeros(batch, np.int32)
-    return jax.device_put((logits, keys, sampling.SamplingParams(ones, off, ones)))
+    ones, off = jax.device_put((np.ones(batch, np.float32), np.zeros(batch, np.int32)))
+    return jax.device_put(logits), keys, sampling.SamplingParams(ones, off, ones)
 
 
 def lower_sampling(batch: int, vocab: int):
