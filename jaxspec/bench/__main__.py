@@ -18,7 +18,7 @@ from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
 from jaxspec.bench.pairs import PAIRS
-from jaxspec.drafters import eagle
+from jaxspec.drafters import branching
 from jaxspec.loop import compile_cache
 
 MODES = {
@@ -173,10 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trees",
-        type=lambda s: [eagle.parse_tree(x) for x in s.split()],
+        type=lambda s: [branching.parse_tree(x) for x in s.split()],
         metavar="'D,B,W [D,B,W ...]'",
         help="--humaneval: the EAGLE head drafting trees of these shapes (depth, branch, width), one tree:D,B,W mode "
         "each, after the other modes",
+    )
+    p.add_argument(
+        "--draft-trees",
+        type=lambda s: [branching.parse_tree(x) for x in s.split()],
+        metavar="'D,B,W [D,B,W ...]'",
+        help="--humaneval: the draft model (--shipped-draft) drafting trees of these shapes, one draft-tree:D,B,W "
+        "mode each, after the other modes",
     )
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
     p.add_argument(

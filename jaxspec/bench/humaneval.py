@@ -9,8 +9,8 @@ round verified), the EAGLE head (``eagle``, at ``--eagle-gamma``, default γ) an
 ``gamma="auto"`` (``eagle-auto``, its own policy) and ``lookup+eagle`` (``jaxspec.LookupFirst``: prompt lookup at
 γ for rows where it matches, the head at its γ for the others); ``--eagle-scale`` sets the head's temperature scale
 (several: one ``eagle~S`` mode each, at one γ); ``--trees`` adds the head drafting trees (``tree:D,B,W``, one
-per shape: depth, branch, width). A warm-up call per mode and (rows, cache bucket) compiles first
-(auto's calibration included).
+per shape: depth, branch, width) and ``--draft-trees`` the draft model drafting them (``draft-tree:D,B,W``). A
+warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included).
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
 between calls; a round's cost in plain steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
@@ -73,7 +73,7 @@ def head_gamma_of(mode: str, default: int) -> int:
 
 
 def tree_of(mode: str) -> tuple[int, int, int]:
-    """The shape of a ``tree:D,B,W`` mode."""
+    """The shape of a ``tree:D,B,W`` (or ``draft-tree:D,B,W``) mode."""
     depth, branch, width = (int(x) for x in mode.split(":")[1].split(","))
     return depth, branch, width
 
@@ -81,6 +81,8 @@ def tree_of(mode: str) -> tuple[int, int, int]:
 def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None, head3=None) -> dict:
     if mode.startswith("tree:"):
         return dict(draft=head, tree=tree_of(mode))
+    if mode.startswith("draft-tree:"):
+        return dict(draft=draft, tree=tree_of(mode))
     if mode.startswith("eagle3@"):
         return dict(draft=head3, gamma=head_gamma_of(mode, gamma))
     if mode.startswith("eagle@"):
@@ -130,6 +132,7 @@ def run(args) -> dict:
     if head3 is not None:  # the EAGLE-3 head at each of its γ, after the other modes
         modes += [f"eagle3@{g}" for g in head3_gammas]
     modes += trees  # the head's trees, after the other modes
+    modes += [f"draft-tree:{d},{b},{w}" for d, b, w in getattr(args, "draft_trees", None) or ()]
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:
@@ -251,7 +254,7 @@ def run(args) -> dict:
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                tree = m.startswith("tree:")
+                tree = m.startswith(("tree:", "draft-tree:"))
                 if tree:  # no chain's c and v describe a tree round (its cost is round_cost): no bound either
                     g, cm, vm = tree_of(m)[0], float("nan"), float("nan")
                 elif m.startswith("eagle3@"):

@@ -18,7 +18,7 @@ from jaxspec.cli.models import (
     load_models,
 )
 from jaxspec.cli.progress import Progress
-from jaxspec.drafters import eagle
+from jaxspec.drafters import branching
 from jaxspec.loop import compile_cache
 
 GENERATE_HELP = """\
@@ -65,7 +65,7 @@ as rows finish).
 def tree_arg(text: str) -> tuple[int, int, int]:
     """``--tree``: ``DEPTH,BRANCH,WIDTH``, three ints >= 1."""
     try:
-        return eagle.parse_tree(text)
+        return branching.parse_tree(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -139,8 +139,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tree",
         type=tree_arg,
-        help="DEPTH,BRANCH,WIDTH: with an EAGLE head, draft a tree each round (the root's BRANCH best children, then "
-        "the WIDTH most promising per level, DEPTH levels) verified in one target pass; γ is DEPTH",
+        help="DEPTH,BRANCH,WIDTH: with an EAGLE head or a draft model, draft a tree each round (the root's BRANCH "
+        "best children, then the WIDTH most promising per level, DEPTH levels) verified in one target pass; γ is DEPTH",
     )
     g.add_argument("--max-new-tokens", type=positive, default=128, help="per prompt (default 128)")
     g.add_argument(

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.core.sampling import sample, warp
-from jaxspec.drafters.base import Drafter, Proposal, bad_logits
+from jaxspec.drafters import branching
+from jaxspec.drafters.base import Drafter, Proposal, TreeProposal, bad_logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,7 @@ class ModelDrafter(Drafter):
     name: str = "draft"
     catch_up: int = 0
     vocab_size: int | None = None
+    tree: tuple[int, int, int] | None = None
 
     @classmethod
     def of(cls, model) -> ModelDrafter:
@@ -52,6 +54,10 @@ class ModelDrafter(Drafter):
             pad = [(0, 0)] * (logits.ndim - 1) + [(0, vocab_size - own)]
             return jnp.pad(logits, pad, constant_values=-jnp.inf)
         return logits
+
+    def with_tree(self, tree) -> ModelDrafter:
+        """A copy drafting trees of shape ``tree = (depth, branch, width)`` each round (None: chains)."""
+        return dataclasses.replace(self, tree=None if tree is None else branching.check_tree(tree))
 
     def init_state(self, batch: int, cache_len: int):
         """A fresh KV cache (``init_cache(batch, cache_len)``)."""
@@ -93,3 +99,32 @@ class ModelDrafter(Drafter):
         drafts = jnp.concatenate([d1[:, None], rest.T], axis=1)
         q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)
         return Proposal(drafts, q, cache, bad)
+
+    def draft_tree(
+        self, params, state, tokens, length, sampling, keys, vocab_size: int, *, depth: int, branch: int, width: int
+    ) -> TreeProposal:
+        """A draft tree per row (``keys [B, depth]``; how it grows: ``branching.grow``). The first pass feeds the
+        ``depth + 1`` newest tokens (the ``catch_up`` newest, if more): a tree round leaves its nodes' entries in
+        the cache at slots that are not their positions, so the tokens it accepted are read again; node ``i`` is
+        then written at slot ``L-1+i`` (the root, token ``L-1``, at its own)."""
+        rows = jnp.arange(tokens.shape[0])[:, None]
+        feed = max(2, depth + 1, self.catch_up)
+        fed = jnp.maximum(length[:, None] - feed + jnp.arange(feed, dtype=jnp.int32), 0)
+        logits, cache = self.apply_fn(params, self._ids(tokens[rows, fed]), fed, state)
+
+        def level_pass(cache, node_tokens, parent, first, positions):
+            out, cache = self.apply_fn(params, self._ids(node_tokens), positions, cache)
+            return self._fit(out, vocab_size), cache
+
+        node_tok, parent, rank, q, cache, bad = branching.grow(
+            self._fit(logits[:, -1], vocab_size),
+            level_pass,
+            cache,
+            sampling,
+            keys,
+            length,
+            depth=depth,
+            branch=branch,
+            width=width,
+        )
+        return TreeProposal(node_tok, parent, rank, q, cache, bad)

@@ -30,12 +30,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jaxspec.core.cache import KVCache, TreePositions
+from jaxspec.core.cache import KVCache
 from jaxspec.core.model import CausalLM
 from jaxspec.core.sampling import sample, warp
+from jaxspec.drafters import branching
 from jaxspec.drafters.base import Drafter, Proposal, TreeProposal, bad_logits
+from jaxspec.drafters.branching import check_tree
 from jaxspec.formats import eagle3 as eagle3_format
 from jaxspec.formats import eagle_head, hub
 from jaxspec.formats.paths import is_head, resolve
@@ -225,21 +226,9 @@ class EagleDrafter(Drafter):
         branch: int,
         width: int,
     ) -> TreeProposal:
-        """A draft tree per row (EAGLE-2's dynamic tree in fixed shapes; ``keys [B, depth]``, one per level and row).
-        The window pass as ``draft``'s gives the root's distribution; the root gets ``branch`` children; each further
-        level offers every node of the level above ``branch`` children and keeps the ``width`` most promising, down
-        to ``depth`` levels (``branch + (depth - 1) × width`` nodes).
-
-        A node's children are the top ``branch`` tokens by the head's log-probability for a greedy row, and
-        ``branch`` draws without replacement from the warped q for a sampled row (Gumbel-top-k, in draw order). Which
-        of them a level keeps is decided before they are drawn, from what the level above already fixed: a node's
-        score (the sum of its path's log-probabilities under the head) plus the log of the j-th largest probability
-        of its distribution ranks its j-th child, so a node keeps a prefix of its children in draw order, and how
-        many it keeps does not depend on which tokens they are: the condition for exact recursive rejection sampling
-        (``jaxspec.core.tree_acceptance``). Greedy, that rank is the child's own cumulative log-probability, as
-        EAGLE-2 ranks. A candidate outside the head's vocabulary (greedy) or of zero q (sampled) is left out of the
-        tree (parent -1), and so are its descendants. Each level's head pass runs over every node drafted so far as
-        one tree pass (``TreePositions``) in the head's cache past the verified prefix."""
+        """A draft tree per row (``keys [B, depth]``, one per level and row; how it grows: ``branching.grow``). The
+        window pass as ``draft``'s gives the root's distribution and features; a node's pass reads its token and its
+        parent's features from the head's pass over the parent (the root's: the window's last)."""
         apply_fn, _ = _head_fns(self.config)
         sampling = self._sampling(sampling)
         batch, size = tokens.shape
@@ -248,95 +237,29 @@ class EagleDrafter(Drafter):
         window = jnp.maximum(length[:, None] - 2 - reach + jnp.arange(reach + 1, dtype=jnp.int32)[None], 0)
         following = tokens[rows, jnp.minimum(window + 1, size - 1)]
         logits, feats, cache = apply_fn(params, following, state.feats[rows, window], window, state.cache)
-        greedy = jnp.broadcast_to(jnp.asarray(sampling.temperature) <= 0, (batch,))[:, None, None]
         nodes = branch + (depth - 1) * width
-
-        def expand(level_keys, logits_u, q_u):
-            """Per node ``[B, F, ...]``: ``(tokens, own log-probability, ranking term)`` of its ``branch`` children,
-            in draw order; the ranking term of the j-th is the log of the j-th largest probability (-inf where no
-            such child exists)."""
-            logp = jax.nn.log_softmax(logits_u.astype(jnp.float32), axis=-1)
-            logq = jnp.log(jnp.maximum(q_u, 1e-38))
-            gumbel = jax.vmap(lambda k: jax.random.gumbel(k, q_u.shape[1:], jnp.float32))(level_keys)
-            allowed = jnp.where(greedy, jnp.isfinite(logp), q_u > 0)  # the head's vocabulary; the warped q's support
-            own = jnp.where(allowed, jnp.where(greedy, logp, logq), -jnp.inf)
-            _, tok = jax.lax.top_k(jnp.where(allowed, jnp.where(greedy, logp, logq + gumbel), -jnp.inf), branch)
-            ranked = jax.lax.top_k(own, branch)[0]
-            return tok.astype(jnp.int32), jnp.take_along_axis(own, tok, axis=-1), ranked
-
-        q0 = warp(logits[:, -1:], sampling)  # [B, 1, V]
-        bad = bad_logits(logits[:, -1])
-        tok1, own1, _ = expand(keys[:, 0], logits[:, -1:], q0)
-        node_tok = jnp.zeros((batch, nodes + 1), jnp.int32).at[:, 1 : branch + 1].set(tok1[:, 0])
-        live1 = jnp.isfinite(own1[:, 0])
-        parent = jnp.full((batch, nodes + 1), -1, jnp.int32)
-        parent = parent.at[:, 1 : branch + 1].set(jnp.where(live1, 0, -1))
-        rank = jnp.zeros((batch, nodes + 1), jnp.int32).at[:, 1 : branch + 1].set(jnp.arange(branch, dtype=jnp.int32))
-        score = jnp.full((batch, nodes + 1), -jnp.inf).at[:, 0].set(0.0).at[:, 1 : branch + 1].set(own1[:, 0])
-        q = jnp.zeros((batch, nodes + 1, q0.shape[-1]), jnp.float32).at[:, 0].set(q0[:, 0])
         hidden = jnp.zeros((batch, nodes + 1, feats.shape[-1]), feats.dtype).at[:, 0].set(feats[:, -1])
-        base = length - 1  # node i's slot is base + i - 1: the head's verified pairs end at position L-2
-        level_of = np.concatenate([[0], np.ones(branch), 2 + np.arange((depth - 1) * width) // width]).astype(np.int32)
-        columns = base[:, None] + jnp.arange(nodes, dtype=jnp.int32)[None]  # the slots of nodes 1..N
-        column_rope = base[:, None] + jnp.asarray(level_of[1:] - 1)[None]
 
-        def positions_of(parent, at, level):
-            """The level pass over nodes ``at [count]`` (of ``level``): each sees its ancestors and itself among the
-            tree's nodes (those of earlier levels are in the cache from their own passes) and the verified prefix."""
-            hops = [jnp.broadcast_to(at[None], (batch, at.shape[0]))]
-            for _ in range(depth - 2):  # a node of the deepest level with a pass (depth - 1) has depth - 2 ancestors
-                up = jnp.take_along_axis(parent, jnp.maximum(hops[-1], 0), axis=1)
-                hops.append(jnp.where(hops[-1] > 0, up, -1))
-            ancestry = jnp.stack(hops, axis=-1)  # [B, count, hops]
-            node = jnp.arange(1, nodes + 1, dtype=jnp.int32)
-            visible = jnp.any(ancestry[:, :, None, :] == node[None, None, :, None], axis=-1)  # [B, count, N]
-            rope = jnp.broadcast_to(base[:, None] + level - 1, hops[0].shape)
-            return TreePositions(rope, base[:, None] + hops[0] - 1, visible, columns, column_rope, base)
-
-        def grow(carry, level, first, count: int):
-            """Level ``level``'s head pass over its ``count`` nodes ``first ..`` and the ``width`` children of level
-            ``level + 1`` it keeps (their allocation decided before they are drawn)."""
-            node_tok, parent, rank, score, q, hidden, cache, bad = carry
-            take = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=first, slice_size=count, axis=1)
-            own_parent = take(parent)
+        def level_pass(carry, node_tokens, parent, first, positions):
+            hidden, cache = carry
             out, own_feats, cache = apply_fn(
-                params,
-                take(node_tok),
-                hidden[rows, jnp.maximum(own_parent, 0)],
-                positions_of(parent, first + jnp.arange(count, dtype=jnp.int32), level),
-                cache,
+                params, node_tokens, hidden[rows, jnp.maximum(parent, 0)], positions, cache
             )
             hidden = jax.lax.dynamic_update_slice_in_dim(hidden, own_feats.astype(hidden.dtype), first, axis=1)
-            q_level = warp(out, sampling)
-            q = jax.lax.dynamic_update_slice_in_dim(q, q_level, first, axis=1)
-            live = own_parent >= 0
-            bad = bad | jnp.any(bad_logits(out) & live, axis=1)
-            tok, own, ranked = expand(keys[:, level], out, q_level)  # [B, count, branch]
-            above = take(score)[:, :, None]
-            total = jnp.where(live[:, :, None], above + ranked, -jnp.inf)
-            best, pick = jax.lax.top_k(total.reshape(batch, count * branch), width)
-            owner, child_rank = pick // branch, pick % branch
-            kept = jnp.isfinite(best)
-            own_score = jnp.take_along_axis((above + own).reshape(batch, -1), pick, axis=1)
-            new = first + count
+            return out, (hidden, cache)
 
-            def put(x, value):
-                return jax.lax.dynamic_update_slice_in_dim(x, value.astype(x.dtype), new, axis=1)
-
-            node_tok = put(node_tok, jnp.take_along_axis(tok.reshape(batch, -1), pick, axis=1))
-            parent = put(parent, jnp.where(kept, first + owner, -1))
-            rank = put(rank, child_rank)
-            score = put(score, jnp.where(kept, own_score, -jnp.inf))
-            return node_tok, parent, rank, score, q, hidden, cache, bad
-
-        carry = (node_tok, parent, rank, score, q, hidden, cache, bad)
-        if depth > 1:
-            carry = grow(carry, 1, 1, branch)
-        if depth > 2:  # levels 2 .. depth-1 have the same shapes: one loop, compiled once
-            carry = jax.lax.fori_loop(
-                2, depth, lambda level, c: grow(c, level, 1 + branch + (level - 2) * width, width), carry
-            )
-        node_tok, parent, rank, score, q, hidden, cache, bad = carry
+        # node i at slot L-2+i: the head's verified pairs end at position L-2
+        node_tok, parent, rank, q, (_, cache), bad = branching.grow(
+            logits[:, -1],
+            level_pass,
+            (hidden, cache),
+            sampling,
+            keys,
+            length - 1,
+            depth=depth,
+            branch=branch,
+            width=width,
+        )
         return TreeProposal(node_tok, parent, rank, q, dataclasses.replace(state, cache=cache), bad)
 
     def as_model(self) -> CausalLM:
@@ -352,28 +275,6 @@ class EagleDrafter(Drafter):
                 f"draft: the EAGLE head {self.name!r} was made for another target than {target.name!r} "
                 "(configs differ); load it with jaxspec.eagle.load(path, target)"
             )
-
-
-def check_tree(tree) -> tuple[int, int, int]:
-    """``tree`` as ``(depth, branch, width)`` ints, or ``ValueError`` naming ``tree``: depth >= 1 levels, branch >= 1
-    children offered per node, width >= 1 nodes kept per level below the first, at most the ``branch²`` the first
-    level offers (the tree has ``branch + (depth - 1) × width`` nodes)."""
-    parts = list(tree) if isinstance(tree, (tuple, list)) else []
-    if len(parts) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in parts):
-        raise ValueError(f"tree must be (depth, branch, width), three ints >= 1, got {tree!r}")
-    depth, branch, width = parts
-    if depth > 1 and width > branch * branch:
-        raise ValueError(f"tree={tree!r}: width {width} is more than the {branch * branch} nodes level 2 can hold")
-    return depth, branch, width
-
-
-def parse_tree(text: str) -> tuple[int, int, int]:
-    """``"DEPTH,BRANCH,WIDTH"`` as ``check_tree``'s shape (``ValueError`` naming ``tree`` otherwise)."""
-    try:
-        parts = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"tree must be DEPTH,BRANCH,WIDTH (three ints >= 1), got {text!r}") from None
-    return check_tree(parts)
 
 
 def _head_fns(cfg):

@@ -81,7 +81,7 @@ def loop_spec(request: Request, cache_len: int, gamma: int) -> loop.LoopSpec:
     spec = loop.LoopSpec(
         target_apply=request.target.apply_fn,
         target_init_cache=request.target.init_cache,
-        drafter=loop_drafter(request.drafter if gamma > 0 else None),
+        drafter=loop_drafter(request.drafter if gamma > 0 else None, request.tree),
         gamma=gamma,
         cache_len=cache_len,
         vocab_size=request.target.vocab_size,
@@ -90,13 +90,14 @@ def loop_spec(request: Request, cache_len: int, gamma: int) -> loop.LoopSpec:
     return spec if request.acceptance is None else dataclasses.replace(spec, acceptance=request.acceptance)
 
 
-def loop_drafter(draft) -> Drafter:
+def loop_drafter(draft, tree=None) -> Drafter:
     """The loop's (static) ``Drafter`` for what ``generate`` was given as ``draft``: a draft ``CausalLM`` ->
-    ``ModelDrafter``; a ``Drafter`` (``PromptLookup``, ...) as is; None -> ``NoDraft()``."""
+    ``ModelDrafter`` (drafting trees of shape ``tree`` when given); a ``Drafter`` (``PromptLookup``, ...) as is;
+    None -> ``NoDraft()``."""
     if draft is None:
         return NoDraft()
     if isinstance(draft, CausalLM):
-        return ModelDrafter.of(draft)
+        return ModelDrafter.of(draft).with_tree(tree)
     return draft
 
 

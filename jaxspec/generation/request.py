@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from jaxspec.core.acceptance import RejectionSampler
 from jaxspec.core.model import CausalLM
 from jaxspec.drafters import Drafter, LookupFirst, PromptLookup
+from jaxspec.drafters.branching import check_tree
 from jaxspec.generation.config import GenerationConfig
 from jaxspec.parallel import sharding
 from jaxspec.policy import AutoGamma
@@ -223,6 +224,8 @@ class Request:
       acceptance: the acceptance rule, or None (the exact rule).
       mesh: the ``Mesh`` to run on, or None (one device).
       shard_draft: on a mesh, shard the draft's weights (True) or replicate them (False).
+      tree: the ``(depth, branch, width)`` of the trees the drafter drafts each round, or None (chains); a
+        ``Drafter`` object in ``lookup`` carries it too.
       config: the settings as given (unchecked; what the fields above were made from).
     """
 
@@ -244,6 +247,7 @@ class Request:
     mesh: Mesh | None
     shard_draft: bool
     config: GenerationConfig
+    tree: tuple[int, int, int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -292,21 +296,29 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
             raise TypeError(
                 f"draft must be a jaxspec.CausalLM, 'prompt_lookup', a jaxspec.PromptLookup or None, got {draft!r}"
             )
+    tree = lookup.tree if lookup is not None else None
     if cfg.tree is not None:
-        if lookup is None or not hasattr(lookup, "with_tree"):
-            raise ValueError(f"tree={cfg.tree!r} needs a drafter that can branch (an EAGLE head), got draft={draft!r}")
-        lookup = lookup.with_tree(cfg.tree)
-    if lookup is not None and lookup.tree is not None:
-        depth = lookup.tree[0]
+        if lookup is not None and hasattr(lookup, "with_tree"):
+            lookup = lookup.with_tree(cfg.tree)
+            tree = lookup.tree
+        elif lookup is None and draft is not None:  # a draft model: its ModelDrafter drafts the tree
+            tree = check_tree(cfg.tree)
+        else:
+            raise ValueError(
+                f"tree={cfg.tree!r} needs a drafter that can branch (an EAGLE head or a draft model), got "
+                f"draft={cfg.draft!r}"
+            )
+    if tree is not None:
+        depth = tree[0]
         if gamma is None:
             gamma = depth
         elif isinstance(gamma, str) and gamma == "auto":
             raise ValueError(
-                f"gamma='auto' does not choose trees yet; pass tree={lookup.tree} alone (γ is its depth) or "
+                f"gamma='auto' does not choose trees yet; pass tree={tree} alone (γ is its depth) or "
                 "gamma='auto' without a tree"
             )
         elif gamma != depth:
-            raise ValueError(f"gamma={gamma!r} with tree={lookup.tree}: a tree round's γ is its depth ({depth})")
+            raise ValueError(f"gamma={gamma!r} with tree={tree}: a tree round's γ is its depth ({depth})")
     if gamma is None:  # the drafter's own default (a draft model's: the base class's)
         gamma = (lookup or Drafter).default_gamma
     auto = isinstance(gamma, str) and gamma == "auto"
@@ -379,4 +391,5 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
         mesh=mesh,
         shard_draft=cfg.shard_draft,
         config=cfg,
+        tree=tree,
     )

@@ -348,9 +348,11 @@ def test_humaneval_flags_and_head_modes(small_draft):
         parse_args(["--humaneval", "--eagle3-gamma", "2,0"])
     # the head's trees: one tree:D,B,W mode per shape
     assert parse_args(["--humaneval", "--trees", "5,3,6 6,4,10"]).trees == [(5, 3, 6), (6, 4, 10)]
+    assert parse_args(["--humaneval", "--draft-trees", "4,2,4"]).draft_trees == [(4, 2, 4)]
     with pytest.raises(SystemExit):
         parse_args(["--humaneval", "--trees", "5,3"])
     assert _kwargs("tree:5,3,6", "draft", 4, policies, head, 2) == dict(draft=head, tree=(5, 3, 6))
+    assert _kwargs("draft-tree:4,2,4", "draft", 4, policies, head, 2) == dict(draft="draft", tree=(4, 2, 4))
     assert parse_args(["--humaneval", "--eagle-scale", "1,0.75"]).eagle_scale == [1.0, 0.75]
     for bad in (["--eagle-scale", "0"], ["--eagle-scale", "1,inf"], ["--eagle-scale", "1,0.7", "--eagle-gamma", "2,4"]):
         with pytest.raises(SystemExit):

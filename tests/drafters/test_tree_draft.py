@@ -135,3 +135,43 @@ def test_sampled_tree_draws_children_without_replacement(target):
         firsts.append(int(tok[1]))
     # the root's first child is a draw from q0 (not its argmax every time): several distinct tokens in 40 trees
     assert len(set(firsts)) > 3, firsts
+
+
+def test_a_draft_models_tree_nodes_carry_their_paths_q(target):
+    """A draft model's tree (``ModelDrafter.draft_tree``, a draft with a smaller vocabulary than the target's): at
+    temperature 1 every node's q is the draft's softmax after the prefix and the node's path, as one plain forward
+    pass over them gives it (zero past the draft's table; an id past it is read as its last id); its cache before
+    the round holds the prefix only up to L-3, as a chain round leaves it."""
+    from jaxspec.drafters import ModelDrafter
+
+    small = llama.init(tiny_config(num_layers=2, vocab_size=target.vocab_size - 8), seed=7)
+    drafter = ModelDrafter.of(small)
+    length, depth, branch, width = 9, 3, 2, 3
+    seq = jnp.asarray([SEQ])
+    tokens = jnp.zeros((1, SIZE), jnp.int32).at[:, : len(SEQ)].set(seq)
+    prefix = jnp.minimum(seq[:, : length - 2], small.vocab_size - 1)
+    _, cache = small.apply_fn(small.params, prefix, jnp.arange(length - 2)[None], small.init_cache(1, SIZE))
+    draw = jax.jit(drafter.draft_tree, static_argnames=("vocab_size", "depth", "branch", "width"))
+    tree = draw(
+        small.params,
+        cache,
+        tokens,
+        jnp.asarray([length]),
+        SamplingParams.create(1.0, batch=1),
+        _keys(3, depth),
+        target.vocab_size,
+        depth=depth,
+        branch=branch,
+        width=width,
+    )
+    parent, tok = np.asarray(tree.parent[0]), np.asarray(tree.tokens[0])
+    assert all(0 <= parent[i] < i for i in range(1, len(parent)))
+    for node in range(len(parent)):
+        path = _path(parent, node)
+        if len(path) == depth:
+            continue
+        ids = [min(t, small.vocab_size - 1) for t in SEQ[:length] + [int(tok[n]) for n in path]]  # 88: past its table
+        full = small.logits(jnp.asarray([ids]))[0, -1]
+        want = np.zeros(target.vocab_size, np.float32)
+        want[: small.vocab_size] = np.asarray(jax.nn.softmax(full))
+        np.testing.assert_allclose(np.asarray(tree.q[0, node]), want, atol=2e-5, err_msg=str(path))

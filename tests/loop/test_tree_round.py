@@ -14,7 +14,7 @@ from helpers import count_compiles, tiny_config
 
 import jaxspec
 from jaxspec import loop
-from jaxspec.drafters import eagle
+from jaxspec.drafters import branching, eagle
 from jaxspec.models import eagle as eagle_model
 from jaxspec.models import eagle3, llama
 
@@ -98,6 +98,19 @@ def test_greedy_tree_equals_plain_on_every_path(target, heads, plain, kind, shap
     assert alone.tokens == plain.tokens and alone.stats.accept_hist[0] > 0
 
 
+def test_a_draft_model_drafts_trees(target, plain):
+    """A draft model branches too: its trees give plain greedy's tokens; with the target itself as the draft, a tree
+    of one branch accepts its whole depth every round, so the draft's cache is right after tree rounds (each round
+    reads the tokens the last one accepted again, as its nodes' entries sit at other slots)."""
+    other = llama.init(tiny_config(num_layers=2), seed=5, eos_token_id=1)
+    out = jaxspec.generate(target, PROMPTS, draft=other, tree=(3, 2, 3), **GREEDY)
+    assert out.tokens == plain.tokens and out.stats.gamma == 3
+    line = jaxspec.generate(target, PROMPTS, draft=target, tree=(3, 1, 1), **GREEDY)
+    assert line.tokens == plain.tokens
+    hist = line.stats.accept_hist
+    assert hist[-1] > 0 and sum(hist[:-1]) == 0, hist
+
+
 def test_engine_stream_and_mesh_with_a_tree_equal_plain(target, heads, plain):
     steps = jaxspec.stream(target, PROMPTS[0], draft=heads["eagle3"], tree=(3, 2, 3), **GREEDY)
     assert [t for step in steps for row in step.tokens for t in row] == plain.tokens[0]
@@ -165,8 +178,8 @@ def test_tree_settings_are_checked(target, heads):
             jaxspec.generate(target, PROMPTS, draft=head, tree=bad, max_new_tokens=4)
     for bad in ["3,2", "3,2,x", "0,2,2", "2,2,5"]:  # the CLI's --tree and the bench's --trees
         with pytest.raises(ValueError, match="tree"):
-            eagle.parse_tree(bad)
-    assert eagle.parse_tree("5,3,6") == (5, 3, 6)
+            branching.parse_tree(bad)
+    assert branching.parse_tree("5,3,6") == (5, 3, 6)
     with pytest.raises(ValueError, match="tree"):
         jaxspec.generate(target, PROMPTS, draft="prompt_lookup", tree=(2, 2, 2), max_new_tokens=4)
     with pytest.raises(ValueError, match="depth"):
