@@ -7,10 +7,6 @@ line with every number masked (figures vary from machine to machine, the words a
 cannot run here says why on the line before it, ``<!-- not run: REASON -->``, and the test holds the list of such
 blocks: a new one fails until it is named below.
 
-The notebooks (``notebooks/*.ipynb``) run the same way after the pages, each code cell a block, in the same
-process: a notebook that loads a model an example loaded, or runs a program one compiled, reuses it, as one
-session would (what a kernel adds, starting a process, the suite does not test).
-
 Command lines: every ``jaxspec ...`` and ``python -m jaxspec.bench ...`` line of a ``bash`` block is parsed by the
 command's own parser (every flag and value checked as a run would check them); the main job itself runs, small, in
 test_shipped.py. ``docs/history/`` holds dated records, not instructions, and is not run.
@@ -21,7 +17,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
-import json
 import re
 import shlex
 import sys
@@ -65,14 +60,7 @@ class Block:
 
 
 def blocks(page: Path) -> list[Block]:
-    """The fenced blocks of ``page`` with their marks (a notebook's code cells: Python blocks, numbered by cell)."""
-    if page.suffix == ".ipynb":
-        cells = json.loads(page.read_text())["cells"]
-        return [
-            Block(page, i + 1, "python", "".join(c["source"]) + "\n")
-            for i, c in enumerate(cells)
-            if c["cell_type"] == "code"
-        ]
+    """The fenced blocks of ``page`` with their marks."""
     lines = page.read_text().splitlines()
     out: list[Block] = []
     mark, i = None, 0
@@ -121,12 +109,8 @@ def test_the_block_reader_and_the_output_check(tmp_path):  # negative control: t
     assert _reads("x = x + 1\nimport a\ny = a.f(z)\nfor i in y: n += i\ndef g(): return w\n") == {"x", "z", "n", "w"}
 
 
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-
-
 def _python_pages() -> list[Path]:
-    """The pages with Python blocks, then the notebooks."""
-    return [p for p in PAGES if any(b.lang == "python" for b in blocks(p))] + NOTEBOOKS
+    return [p for p in PAGES if any(b.lang == "python" for b in blocks(p))]
 
 
 def _reads(source: str) -> set[str]:

@@ -1,0 +1,23 @@
+"""Both notebooks execute end to end on CPU (nbclient, the shipped pair), with no cell raising."""
+
+import pytest
+from helpers import ROOT
+
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+
+NOTEBOOKS = ROOT / "notebooks"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "acceptance.ipynb"])
+def test_notebook_runs(name, tmp_path):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "α" in text and "backend" in text
