@@ -171,20 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S[,S...]",
         help="--humaneval: the EAGLE head's temperature scale (default its saved one); several: one eagle~S mode each",
     )
-    p.add_argument(
-        "--trees",
-        type=lambda s: [branching.parse_tree(x) for x in s.split()],
-        metavar="'D,B,W [D,B,W ...]'",
-        help="--humaneval: the EAGLE head drafting trees of these shapes (depth, branch, width), one tree:D,B,W mode "
-        "each, after the other modes",
-    )
-    p.add_argument(
-        "--draft-trees",
-        type=lambda s: [branching.parse_tree(x) for x in s.split()],
-        metavar="'D,B,W [D,B,W ...]'",
-        help="--humaneval: the draft model (--shipped-draft) drafting trees of these shapes, one draft-tree:D,B,W "
-        "mode each, after the other modes",
-    )
+    for flag, what in (("--trees", "the EAGLE head"), ("--draft-trees", "the draft model (--shipped-draft)")):
+        mode = "tree" if flag == "--trees" else "draft-tree"
+        p.add_argument(
+            flag,
+            type=lambda s: [branching.parse_tree(x) for x in s.split()],
+            metavar="'D,B,W [D,B,W ...]'",
+            help=f"--humaneval: {what} drafting trees of these shapes (depth, branch, width), one {mode}:D,B,W mode "
+            "each, after the other modes",
+        )
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
     p.add_argument(
         "--humaneval-modes",
