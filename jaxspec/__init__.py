@@ -3,7 +3,8 @@
 The public API, by the order data flows through it:
 
   * models: ``CausalLM`` (the model contract), ``load`` (a named model, a jaxspec checkpoint, a Hugging Face
-    directory or Hub id, a GGUF file), ``save``, ``export_hf``, ``llama`` (a built-in Llama-family decoder);
+    directory or Hub id, a GGUF file), ``save``, ``export_hf``, ``quantize`` (int8 weights), ``llama`` (a built-in
+    Llama-family decoder);
   * drafters: ``Drafter`` (the protocol), ``PromptLookup``, ``LookupFirst`` and ``eagle`` (EAGLE heads over the
     target's hidden states); a draft ``CausalLM`` drafts as it is;
   * generation: ``generate`` and ``stream`` (plain or speculative decoding) with their settings,
@@ -35,6 +36,7 @@ from jaxspec.generation.generate import Stream, generate, stream  # noqa: E402
 from jaxspec.generation.results import GenerationResult, NonFiniteLogitsError, RowStats, Stats, StreamStep  # noqa: E402
 from jaxspec.loop.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxspec.models import llama  # noqa: E402
+from jaxspec.models.quant import quantize  # noqa: E402
 from jaxspec.parallel import multihost, sharding  # noqa: E402
 from jaxspec.parallel.sharding import shard  # noqa: E402
 from jaxspec.training.distill import distill  # noqa: E402
@@ -65,6 +67,7 @@ __all__ = [
     "load",
     "multihost",
     "policy",
+    "quantize",
     "save",
     "shard",
     "sharding",

@@ -41,7 +41,7 @@ from jaxspec.formats import eagle3 as eagle3_format
 from jaxspec.formats import eagle_head, hub
 from jaxspec.formats.paths import is_head, resolve
 from jaxspec.models import eagle as eagle_model
-from jaxspec.models import eagle3, families, llama
+from jaxspec.models import eagle3, families, llama, quant
 
 __all__ = ["EagleDrafter", "EagleState", "is_head", "load", "save"]
 
@@ -121,7 +121,13 @@ class EagleDrafter(Drafter):
                     f"{target.name!r}'s are {target.config.hidden_size} wide"
                 )
             params = {k: own[k] for k in eagle3.OWN if k not in borrowed}
-            params["embed"] = own["embed"] if "embed" in own else target.params["embed"]["embedding"]
+            if "embed" in own:
+                params["embed"] = own["embed"]
+            else:  # the target's table, int8 with its row scales where the target is quantized
+                params["embed"] = target.params["embed"]["embedding"]
+                scale, suffix = quant.scale_of(target.params["embed"], "embedding")
+                if scale is not None:
+                    params["embed" + suffix] = scale
             if "lm_head" in borrowed:
                 columns = eagle3.target_head_columns(cfg, target.config, target.params)
                 params["lm_head"] = columns.astype(cfg.jnp_dtype)

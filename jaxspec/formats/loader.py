@@ -15,6 +15,7 @@ from jaxspec.core.model import CausalLM
 from jaxspec.formats import hf, hub, named, orbax
 from jaxspec.formats.gguf import loader as gguf
 from jaxspec.formats.paths import SHIPPED_PREFIX, is_orbax_model, resolve
+from jaxspec.models import quant
 
 
 def _has_magic(path: Path, magic: bytes) -> bool:
@@ -32,6 +33,7 @@ def load(
     mesh: Any = None,
     revision: str | None = None,
     gguf_file: str | None = None,
+    quantize: str | None = None,
     **hf_kwargs,
 ) -> CausalLM:
     """Load a model: a named model (``"smollm2-135m-instruct"``), a shipped name (``"jaxspec/code-target"``,
@@ -43,8 +45,15 @@ def load(
     places every weight straight into its sharding on that mesh (``jaxspec.sharding``); ``sharding`` (jaxspec
     checkpoints only) gives the shardings explicitly. ``revision``: a Hub id's branch, tag or commit. ``gguf_file``:
     the GGUF file to load in a Hub repository or a local directory. Other keywords (``name``, ``tokenizer``, ...)
-    go to the Hugging Face and GGUF readers.
+    go to the Hugging Face and GGUF readers. ``quantize="int8"`` keeps the projections and embeddings as int8 with
+    float scales (``jaxspec.quantize``), each float weight freed as soon as its int8 copy exists.
     """
+    quant.check_format(quantize)
+    model = _load(path, dtype, sharding, mesh, revision, gguf_file, hf_kwargs)
+    return model if quantize is None else quant.quantize(model, quantize, consume=True)
+
+
+def _load(path, dtype, sharding, mesh, revision, gguf_file, hf_kwargs) -> CausalLM:
     if named.names_model(path):
         path = named.path(path)
     if hub.is_repo_id(path) and not str(path).startswith(SHIPPED_PREFIX):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.core.cache import KVCache
-from jaxspec.models import llama, stack
+from jaxspec.models import llama, quant, stack
 from jaxspec.models.llama import LlamaConfig
 
 
@@ -41,9 +41,9 @@ class EagleHead(nn.Module):
         cfg = self.cfg
         dtype, width = cfg.jnp_dtype, cfg.hidden_size
         init = nn.initializers.normal(cfg.init_std)
-        table = self.param("embed", init, (cfg.vocab_size, width), dtype)
-        head = self.param("head", init, (width, cfg.embed_rows), dtype)
-        e = jnp.take(table, tokens, axis=0).astype(dtype)
+        table, table_scale, _ = quant.param_with_scale(self, "embed", init, (cfg.vocab_size, width), dtype)
+        head, head_scale, a8 = quant.param_with_scale(self, "head", init, (width, cfg.embed_rows), dtype)
+        e = quant.lookup(table, table_scale, tokens, dtype)
         if cfg.embed_scale:  # the target's own input scaling: Gemma's sqrt(hidden), Granite's multiplier
             e = e * jnp.asarray(width**0.5, dtype)
         if cfg.embedding_multiplier != 1.0:
@@ -52,7 +52,7 @@ class EagleHead(nn.Module):
         x, k, v = stack.apply_layers(llama.DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split)
         f = llama.rms_norm(cfg, "final_norm")(x)
         # finished as the target finishes its logits (Granite's logits_scaling, Gemma 2's soft-capping)
-        logits = llama.soft_cap(cfg, jnp.einsum("bth,hv->btv", f, head, preferred_element_type=jnp.float32))
+        logits = llama.soft_cap(cfg, quant.project(f, head, head_scale, dtype, jnp.float32, a8))
         return (llama.to_full_vocab(cfg, logits) if full_vocab else logits), f, KVCache(k, v)
 
 
@@ -93,12 +93,24 @@ def _fields(cfg: LlamaConfig) -> dict:
 def shared_params(cfg: LlamaConfig, target_params) -> dict:
     """The target's parameters the head reads: ``embed`` (its input embedding, ``[V, hidden]``) and ``head`` (its
     LM head restricted to ``cfg.vocab_ids``, plus the masked out-of-vocabulary column, ``[hidden, rows]``)."""
-    table = target_params["embed"]["embedding"]
-    full = table.T if cfg.tie_embeddings else target_params["lm_head"]["kernel"]
+    embed = target_params["embed"]
+    table = embed["embedding"]
+    if cfg.tie_embeddings:
+        full = table.T
+        scale, suffix = quant.scale_of(embed, "embedding")
+    else:
+        full = target_params["lm_head"]["kernel"]
+        scale, suffix = quant.scale_of(target_params["lm_head"], "kernel")
     if cfg.vocab_ids:
-        ids = np.asarray(cfg.vocab_ids)
-        full = jnp.concatenate([jnp.take(full, jnp.asarray(ids), axis=1), jnp.zeros_like(full[:, :1])], axis=1)
-    return {"embed": table, "head": full}
+        ids = jnp.asarray(np.asarray(cfg.vocab_ids))
+        full = jnp.concatenate([jnp.take(full, ids, axis=1), jnp.zeros_like(full[:, :1])], axis=1)
+        if scale is not None:
+            scale = jnp.concatenate([jnp.take(scale, ids), jnp.ones_like(scale[:1])])
+    out = {"embed": table, "head": full}
+    if scale is not None:  # a quantized target (jaxspec.models.quant): its tables stay int8 in the head too
+        table_scale, table_suffix = quant.scale_of(embed, "embedding")
+        out.update({"embed" + table_suffix: table_scale, "head" + suffix: scale})
+    return out
 
 
 def init_own(cfg: LlamaConfig, seed: int = 0) -> dict:

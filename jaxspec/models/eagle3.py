@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.core.cache import KVCache
-from jaxspec.models import llama
+from jaxspec.models import llama, quant
 from jaxspec.models.llama import LlamaConfig
 
 OWN = ("fc", "layer", "final_norm", "lm_head")  # the head's own (trained, stored) parameters; embed is the target's
@@ -143,8 +143,8 @@ class Eagle3Head(nn.Module):
         cfg, lc = self.cfg, self.cfg.layer
         dtype, width = lc.jnp_dtype, lc.hidden_size
         init = nn.initializers.normal(lc.init_std)
-        table = self.param("embed", init, (lc.vocab_size, width), dtype)
-        e = jnp.take(table, tokens, axis=0).astype(dtype)
+        table, table_scale, _ = quant.param_with_scale(self, "embed", init, (lc.vocab_size, width), dtype)
+        e = quant.lookup(table, table_scale, tokens, dtype)
         if lc.embed_scale:  # the target's own input scaling (Gemma), as its embedding is read
             e = e * jnp.asarray(width**0.5, dtype)
         if lc.embedding_multiplier != 1.0:
@@ -226,5 +226,11 @@ def init_own(cfg: Eagle3Config, seed: int = 0, lm_head=None) -> dict:
 def target_head_columns(cfg: Eagle3Config, target_cfg: LlamaConfig, target_params) -> jax.Array:
     """The target's LM head at the draft vocabulary's columns (``[hidden, draft vocab]``): a new head's LM head
     starts as the target's."""
-    full = target_params["embed"]["embedding"].T if target_cfg.tie_embeddings else target_params["lm_head"]["kernel"]
-    return jnp.take(full, jnp.asarray(np.asarray(cfg.vocab_ids)), axis=1)
+    ids = jnp.asarray(np.asarray(cfg.vocab_ids))
+    if target_cfg.tie_embeddings:
+        embed = target_params["embed"]
+        rows, (scale, _) = jnp.take(embed["embedding"], ids, axis=0), quant.scale_of(embed, "embedding")
+        return rows.T if scale is None else quant.dequantize_table(rows, jnp.take(scale, ids), cfg.jnp_dtype).T
+    head = target_params["lm_head"]
+    columns, (scale, _) = jnp.take(head["kernel"], ids, axis=1), quant.scale_of(head, "kernel")
+    return columns if scale is None else quant.dequantize_kernel(columns, jnp.take(scale, ids), cfg.jnp_dtype)

@@ -102,19 +102,9 @@ class GPT2(nn.Module):
     def __call__(self, tokens, positions, cache: KVCache):
         cfg = self.cfg
 
-        def embed(n, name, std):
-            return nn.Embed(
-                n,
-                cfg.hidden_size,
-                dtype=cfg.jnp_dtype,
-                param_dtype=cfg.jnp_dtype,
-                embedding_init=nn.initializers.normal(std),
-                name=name,
-            )
-
-        wte = embed(cfg.vocab_size, "wte", cfg.init_std)
+        wte = stack.embed(cfg.vocab_size, "wte", cfg, cfg.init_std)
         # Positions past the table (only reachable beyond max_positions) clamp to its last row.
-        x = wte(tokens) + embed(cfg.max_positions, "wpe", cfg.init_std / 2)(
+        x = wte(tokens) + stack.embed(cfg.max_positions, "wpe", cfg, cfg.init_std / 2)(
             jnp.minimum(positions, cfg.max_positions - 1)
         )
         x, k, v = stack.apply_layers(Block, cfg, (x, cache.k, cache.v), positions, self.split)

@@ -139,14 +139,7 @@ class GPTNeoX(nn.Module):
     @nn.compact
     def __call__(self, tokens, positions, cache: KVCache):
         cfg = self.cfg
-        embed = nn.Embed(
-            cfg.vocab_size,
-            cfg.hidden_size,
-            dtype=cfg.jnp_dtype,
-            param_dtype=cfg.jnp_dtype,
-            embedding_init=nn.initializers.normal(cfg.init_std),
-            name="embed_in",
-        )
+        embed = stack.embed(cfg.vocab_size, "embed_in", cfg, cfg.init_std)
         x, k, v = stack.apply_layers(Layer, cfg, (embed(tokens), cache.k, cache.v), positions, self.split)
         x = _norm(cfg, "final_layer_norm")(x)
         logits = embed.attend(x) if cfg.tie_embeddings else stack.dense(cfg.vocab_size, "embed_out", cfg, bias=False)(x)

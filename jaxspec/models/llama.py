@@ -211,14 +211,7 @@ class Llama(nn.Module):
         ``hidden`` a tuple of layer indices returns ``((logits, taps [B, T, len × hidden_size]), cache)``: the hidden
         states entering those layers, concatenated (``stack.apply_layers``' taps; an EAGLE-3 head drafts from them)."""
         cfg = self.cfg
-        embed = nn.Embed(
-            cfg.embed_rows,
-            cfg.hidden_size,
-            dtype=cfg.jnp_dtype,
-            param_dtype=cfg.jnp_dtype,
-            embedding_init=nn.initializers.normal(cfg.init_std),
-            name="embed",
-        )
+        embed = stack.embed(cfg.embed_rows, "embed", cfg, cfg.init_std)
         x = embed(to_rows(cfg, tokens))
         if cfg.embed_scale:  # like transformers: sqrt(hidden) rounded to the activation dtype first
             x = x * jnp.asarray(cfg.hidden_size**0.5, cfg.jnp_dtype)

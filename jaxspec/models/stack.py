@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jaxspec.core import dtypes
 from jaxspec.core.cache import KVCache, causal_mask, write_layer
 from jaxspec.core.model import CausalLM
-from jaxspec.models import families
+from jaxspec.models import families, quant
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "silu": nn.silu,
@@ -37,16 +37,29 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 """Activation functions by the name configs use (each family accepts its own subset)."""
 
 
+def embed(rows: int, name: str, cfg, std: float) -> quant.Embed:
+    """A ``rows × cfg.hidden_size`` embedding table in ``cfg``'s dtype, normal(``std``) init, float or int8
+    (``jaxspec.models.quant``); ``attend`` is the tied LM head."""
+    return quant.Embed(
+        rows,
+        cfg.hidden_size,
+        dtype=cfg.jnp_dtype,
+        param_dtype=cfg.jnp_dtype,
+        embedding_init=nn.initializers.normal(std),
+        name=name,
+    )
+
+
 def check_activation(name: str, allowed: tuple[str, ...]) -> None:
     """``ValueError`` unless ``name`` is one of a family's ``allowed`` activations."""
     if name not in allowed:
         raise ValueError(f"activation must be one of {sorted(allowed)}, got {name!r}")
 
 
-def dense(features: int, name: str, cfg, *, bias: bool, std: float | None = None) -> nn.Dense:
+def dense(features: int, name: str, cfg, *, bias: bool, std: float | None = None) -> quant.Dense:
     """A ``features``-wide projection in ``cfg``'s dtype (``cfg.jnp_dtype``), normal(``std`` or ``cfg.init_std``)
-    init, with or without bias."""
-    return nn.Dense(
+    init, with or without bias; its kernel float or int8 (``jaxspec.models.quant``)."""
+    return quant.Dense(
         features,
         use_bias=bias,
         dtype=cfg.jnp_dtype,

@@ -442,6 +442,35 @@ def test_negative_control_wrong_residual_is_rejected(target, draft, target_logit
     assert_wrong_residual_is_caught(target, draft, target_logits, gamma=gamma, seed=2024 + gamma)
 
 
+# --------------------------------------------------------------------------------------------- quantized models
+# A quantized target is a model of its own (jaxspec.quantize): speculation over it must follow *its* distribution,
+# read here from its own full-sequence logits; the draft is quantized too (int8 weights, w8a8 target: the integer
+# products with activations rounded per row).
+
+
+@pytest.fixture(scope="module")
+def quantized_pair(target, draft):
+    qt = jaxspec.quantize(target, "w8a8")
+    return qt, jaxspec.quantize(draft, "int8"), context_logits(qt)
+
+
+@pytest.mark.slow
+def test_speculation_over_quantized_models_is_exact(quantized_pair, target_logits):
+    qt, qd, q_logits = quantized_pair
+    assert np.abs(q_logits - target_logits).max() > 1e-3  # the quantized target is another model
+    p_value, result, probs, _ = run_and_test(
+        qt, qd, q_logits, gamma=2, temperature=1.0, top_k=None, top_p=None, seed=4242
+    )
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+    assert p_value > ALPHA, f"speculative output does not follow the quantized target (p={p_value:.3g})"
+
+
+@pytest.mark.slow
+def test_negative_control_quantized_wrong_residual_is_rejected(quantized_pair):
+    qt, qd, q_logits = quantized_pair
+    assert_wrong_residual_is_caught(qt, qd, q_logits, gamma=2, seed=4243)
+
+
 # --------------------------------------------------------------------------------------------- prompt lookup
 # A deterministic drafter (q one-hot) through the same sampler: the output must still be the warped target's.
 # Seeds: a first choice (3000 + γ) gave p = 7e-6 for top-k 3 / γ 2 at seed 3002; the same setting pooled over
