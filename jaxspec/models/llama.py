@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.core.cache import KVCache, attention_mask, rope_positions, window_mask, write_layer, write_slots
-from jaxspec.models import families, stack
+from jaxspec.models import families, quant, stack
 from jaxspec.models.families import Weight
 from jaxspec.models.llama_config import (  # re-exported: jaxspec.models.llama is the family's public module
     ARCHITECTURES,
@@ -87,7 +87,7 @@ def rms_norm(cfg: LlamaConfig, name: str) -> RMSNorm:
     return RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset, name=name)
 
 
-def dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None, bias: bool = False) -> nn.Dense:
+def dense(features: int, name: str, cfg: LlamaConfig, std: float | None = None, bias: bool = False) -> quant.Dense:
     """A ``features``-wide projection in ``cfg``'s dtype, normal(``std`` or ``init_std``) init, no bias unless asked
     (``stack.dense`` with Llama's default)."""
     return stack.dense(features, name, cfg, bias=bias, std=std)

@@ -248,9 +248,9 @@ def scale_axes(param_axes: dict | None) -> dict | None:
     for path, axes in param_axes.items():
         for suffix in (_SCALE, _SCALE_A8):
             if path and path[-1] == "kernel":
-                out[(*path[:-1], "kernel" + suffix)] = (axes[-1],)
+                out[tuple(path[:-1]) + ("kernel" + suffix,)] = (axes[-1],)
             elif path and path[-1] == "embedding":
-                out[(*path[:-1], "embedding" + suffix)] = (axes[0],)
+                out[tuple(path[:-1]) + ("embedding" + suffix,)] = (axes[0],)
     return out
 
 
