@@ -13,7 +13,7 @@ import os
 import jax
 
 import jaxspec.bench
-from jaxspec.bench import continuous, humaneval, lookup, mesh, shipped, single, sweep
+from jaxspec.bench import continuous, humaneval, lookup, mesh, quant, shipped, single, sweep
 from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
@@ -28,6 +28,7 @@ MODES = {
     "sweep": sweep.run,
     "lookup": lookup.run,
     "humaneval": humaneval.run,
+    "quant": quant.run,
     "continuous": continuous.run,
 }
 
@@ -180,6 +181,20 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"--humaneval: {what} drafting trees of these shapes (depth, branch, width), one {mode}:D,B,W mode "
             "each, after the other modes",
         )
+    p.add_argument(
+        "--quant",
+        dest="mode",
+        action="store_const",
+        const="quant",
+        help="SmolLM2-135M-Instruct in float32, int8 and w8a8 (jaxspec.quantize): weight bytes, load time, step and "
+        "v over 3/5/9 tokens interleaved, argmax agreement and KL against float32 on the first --humaneval-prompts "
+        "(default 20) HumanEval prompts",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=["int8", "w8a8"],
+        help="--humaneval: load the target and the draft model quantized (jaxspec.quantize)",
+    )
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
     p.add_argument(
         "--humaneval-modes",

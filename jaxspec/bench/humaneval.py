@@ -108,10 +108,11 @@ def run(args) -> dict:
     one table row per (temperature, batch, mode) as it goes; returns the JSON document (``rows`` with α, τ,
     tokens/s, ratio to plain, round cost, c, v and bounds; ``first_compile_s`` per mode; ``target_load_s``)."""
     start = time.perf_counter()
-    target = jaxspec.load(getattr(args, "target", None) or TARGET)
+    fmt = getattr(args, "quantize", None)
+    target = jaxspec.load(getattr(args, "target", None) or TARGET, quantize=fmt)
     jax.block_until_ready(target.params)
     load_s = time.perf_counter() - start
-    draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT)
+    draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT, quantize=fmt)
     modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", DEFAULT_MODES)]
     trees = [f"tree:{d},{b},{w}" for d, b, w in getattr(args, "trees", None) or ()]
     wants_head = bool(set(HEAD_MODES) & set(modes) or trees)
@@ -160,6 +161,7 @@ def run(args) -> dict:
     policies = {m: AutoGamma() for m in AUTO_MODES}  # one policy per auto mode for the whole run
     doc = {
         "mode": "humaneval",
+        "quantize": fmt,
         "gamma": args.gamma,
         "head_gammas": list(head_gammas),
         "max_new_tokens": args.max_new_tokens,

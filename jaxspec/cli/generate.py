@@ -122,6 +122,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="load both models in this dtype (default: a jaxspec checkpoint's own, float32 for HF)",
     )
     g.add_argument(
+        "--quantize",
+        choices=["int8", "w8a8"],
+        help="hold the projections and embeddings of both models as int8 with a float scale per output channel: "
+        "int8 multiplies in floats, w8a8 also rounds each product's inputs to int8 and multiplies in integers "
+        "(jaxspec.quantize; default: as loaded)",
+    )
+    g.add_argument(
         "--compilation-cache",
         metavar="DIR",
         help="keep compiled programs in DIR so a later run's first call loads them instead of compiling; 'off' "

@@ -27,7 +27,7 @@ import numpy as np
 from jaxspec.core import dtypes
 from jaxspec.core.model import CausalLM
 from jaxspec.formats import hf_wrappers, safetensors_file
-from jaxspec.models import families
+from jaxspec.models import families, quant
 from jaxspec.models.families import ModelFamily
 
 
@@ -63,14 +63,16 @@ def _check_fused(fused: dict[str, tuple[int, list]]) -> None:
             )
 
 
-def load_params(root: Path, family: ModelFamily, cfg, shardings=None, tensors=None) -> dict:
+def load_params(root: Path, family: ModelFamily, cfg, shardings=None, tensors=None, quantize=None) -> dict:
     """Our params tree for ``cfg``, read from the safetensors in ``root`` by ``family.weights(cfg)`` and cast to
     ``cfg.dtype``.
 
     With ``shardings`` (a pytree of ``jax.sharding.Sharding`` like the params), each device's shard is read from
     the memory-mapped files straight into place: no process ever holds a whole tensor it does not need.
     ``tensors`` (HF tensor name -> an object whose ``get(name)`` returns the array in HF layout) replaces the
-    safetensors in ``root``: the GGUF loader passes its dequantized tensors this way.
+    safetensors in ``root``: the GGUF loader passes its dequantized tensors this way. ``quantize`` (a
+    ``jaxspec.models.quant`` format) turns each projection and embedding into int8 as soon as it is read, so the
+    whole float model is never held.
     """
     tensors = safetensors_file.open_dir(root) if tensors is None else tensors
     abstract = family.abstract_params(cfg)
@@ -110,10 +112,18 @@ def load_params(root: Path, family: ModelFamily, cfg, shardings=None, tensors=No
                 return _stacked_slice(a, s, index, target)
 
             value = jax.make_array_from_callback(shape, sharding, data)
+        if quantize is not None and quant.quantizes(w.path, value):
+            for path, leaf in quant.quantize_params({w.path[-1]: value}, quantize, consume=True).items():
+                _set(params, (*w.path[:-1], path), leaf)
+            continue
         _set(params, w.path, value)
     _check_fused(fused)
     leaves = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(abstract)}
-    filled = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)}
+    filled = {
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_leaves_with_path(params)
+        if not quant.is_scale(str(getattr(p[-1], "key", "")))
+    }
     if leaves != filled:
         raise AssertionError(f"weight table does not cover parameters {sorted(leaves - filled)}")
     unused = sorted(n for n in tensors if n not in used and not family.ignored(cfg, n))
@@ -150,7 +160,13 @@ def _load_tokenizer(root: Path):
 
 
 def load(
-    path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None, mesh=None
+    path: str | os.PathLike,
+    dtype="float32",
+    *,
+    tokenizer: Any = True,
+    name: str | None = None,
+    mesh=None,
+    quantize: str | None = None,
 ) -> CausalLM:
     """Load a Hugging Face model directory as a ``CausalLM``.
 
@@ -162,6 +178,8 @@ def load(
       name: the model's name in messages (default: the directory name).
       mesh: a ``jax.sharding.Mesh`` or ``{"data": d, "model": m}``: each weight is read straight into its
         sharding by ``jaxspec.sharding``'s rules (every process reads only its own shards).
+      quantize: None, or a ``jaxspec.models.quant`` format: each projection and embedding becomes int8 (with its
+        scales) as soon as it is read.
 
     Raises ``FileNotFoundError`` for a missing directory, config or shard and ``ValueError`` for an unsupported
     ``model_type`` / rope type / variant, a bad dtype, or tensors that do not match the config.
@@ -186,7 +204,7 @@ def load(
     assert model_type is not None  # family_for_model_type refuses None
     cfg = family.config_from_hf(config, model_type, dtype)
     shardings = None if mesh is None else family.shardings(cfg, mesh, name=root.name)
-    params = load_params(root, family, cfg, shardings, tensors)
+    params = load_params(root, family, cfg, shardings, tensors, quantize)
     if tokenizer is True:
         tokenizer = _load_tokenizer(root)
     elif tokenizer is False:

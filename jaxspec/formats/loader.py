@@ -46,9 +46,12 @@ def load(
     checkpoints only) gives the shardings explicitly. ``revision``: a Hub id's branch, tag or commit. ``gguf_file``:
     the GGUF file to load in a Hub repository or a local directory. Other keywords (``name``, ``tokenizer``, ...)
     go to the Hugging Face and GGUF readers. ``quantize="int8"`` keeps the projections and embeddings as int8 with
-    float scales (``jaxspec.quantize``), each float weight freed as soon as its int8 copy exists.
+    float scales (``jaxspec.quantize``; ``"w8a8"`` also multiplies in integers), each weight of a Hugging Face or
+    GGUF file quantized as it is read (the whole float model is never held).
     """
     quant.check_format(quantize)
+    if quantize is not None:  # the Hugging Face and GGUF readers quantize each weight as they read it
+        hf_kwargs["quantize"] = quantize
     model = _load(path, dtype, sharding, mesh, revision, gguf_file, hf_kwargs)
     return model if quantize is None else quant.quantize(model, quantize, consume=True)
 
@@ -65,6 +68,7 @@ def _load(path, dtype, sharding, mesh, revision, gguf_file, hf_kwargs) -> Causal
         path = Path(path) / gguf_file
     path = resolve(path)
     if is_orbax_model(path):
+        hf_kwargs.pop("quantize", None)  # a checkpoint is read whole, then quantized
         return orbax.load(path, dtype, sharding, mesh)
     if sharding is not None:
         raise ValueError("sharding= is supported for jaxspec (orbax) checkpoints only; use mesh= for any directory")

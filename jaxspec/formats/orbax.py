@@ -22,7 +22,8 @@ import orbax.checkpoint as ocp
 from jaxspec.core import dtypes
 from jaxspec.core.model import CausalLM
 from jaxspec.formats.paths import EAGLE_HEAD, META
-from jaxspec.models import families
+from jaxspec.models import families, quant
+from jaxspec.parallel import sharding as parallel_sharding
 
 FORMAT = 1
 
@@ -44,8 +45,12 @@ def save(model: CausalLM, directory: str | Path, *, storage_dtype: str | None = 
         raise ValueError(f"cannot save this model: {err}") from None
     directory.mkdir(parents=True, exist_ok=True)
     params = families.stack_layers(model.params)  # checkpoints hold the stacked layout
-    if storage_dtype is not None:
-        params = jax.tree.map(lambda x: jnp.asarray(x, dtypes.DTYPES[storage_dtype]), params)
+    if storage_dtype is not None:  # float weights only: int8 weights and their scales are stored as they are
+        params = jax.tree.map(
+            lambda x: jnp.asarray(x, dtypes.DTYPES[storage_dtype]) if x.dtype != jnp.int8 and x.ndim > 0 else x,
+            params,
+        )
+        params = _keep_scales(params, families.stack_layers(model.params))
     with ocp.StandardCheckpointer() as checkpointer:  # leaving it waits for the save and stops its threads
         checkpointer.save(directory / "params", params)
         checkpointer.wait_until_finished()
@@ -57,6 +62,9 @@ def save(model: CausalLM, directory: str | Path, *, storage_dtype: str | None = 
         "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
         "name": model.name,
     }
+    fmt = quant.format_of(params)
+    if fmt is not None:
+        meta["quantize"] = fmt
     if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
         model.tokenizer.save_pretrained(directory / "tokenizer")
     (directory / META).write_text(json.dumps(meta, indent=2))
@@ -98,6 +106,10 @@ def load(directory: str | Path, dtype: str | None = None, sharding: Any = None, 
     fields = {k: _tuples(v) for k, v in meta["config"].items()}  # JSON turned tuples into lists
     config = family.config_class(**{**fields, **({"dtype": dtype} if dtype else {})})
     abstract = family.abstract_params(config)
+    fmt = meta.get("quantize")
+    if fmt is not None:  # int8 weights with float32 scales (jaxspec.quantize); placed on a mesh once restored
+        abstract = jax.eval_shape(lambda p: quant.quantize_params(p, quant.check_format(fmt, "quantize")), abstract)
+        placed, mesh, sharding = (mesh, sharding), None, None
     if mesh is not None:
         if sharding is not None:
             raise ValueError("pass either sharding= or mesh=, not both")
@@ -119,7 +131,7 @@ def load(directory: str | Path, dtype: str | None = None, sharding: Any = None, 
 
         tokenizer = AutoTokenizer.from_pretrained(directory / "tokenizer")
     eos = meta.get("eos_token_id")
-    return family.from_params(
+    model = family.from_params(
         config,
         families.loaded_params(family, params),
         tokenizer=tokenizer,
@@ -127,3 +139,22 @@ def load(directory: str | Path, dtype: str | None = None, sharding: Any = None, 
         name=meta.get("name", "model"),
         **families.loaded_layout(family),
     )
+    if fmt is None:
+        return model
+    model = model.replace(param_axes=quant.scale_axes(model.param_axes))
+    mesh, sharding = placed
+    if sharding is not None:
+        return model.replace(params=jax.device_put(model.params, sharding))
+    return model if mesh is None else parallel_sharding.shard(model, mesh)
+
+
+def _keep_scales(params, original):
+    """``params`` with the quantization scales of ``original`` restored (they stay float32 at any storage dtype)."""
+    if isinstance(params, dict):
+        return {
+            k: original[k] if k.endswith(("_scale", "_scale_a8")) and k != "scale" else _keep_scales(v, original[k])
+            for k, v in params.items()
+        }
+    if isinstance(params, (tuple, list)):
+        return type(params)(_keep_scales(v, o) for v, o in zip(params, original))
+    return params

@@ -168,6 +168,16 @@ class Embed(nn.Module):
         return project(x, self.embedding, self.scale, self.dtype, a8=self.a8, contract=1)
 
 
+def is_scale(key: str) -> bool:
+    """Whether a params key names a quantized weight's scales."""
+    return key.endswith((_SCALE, _SCALE_A8))
+
+
+def quantizes(path: tuple[str, ...], leaf) -> bool:
+    """Whether ``quantize_params`` quantizes the float leaf at ``path`` (a projection kernel, an embedding table)."""
+    return _quantizes(path, leaf) is not None
+
+
 def _quantizes(path: tuple[str, ...], leaf) -> str | None:
     """Which quantizer a params leaf takes: ``"kernel"`` (a projection), ``"table"`` (an embedding), or None."""
     if not path or getattr(leaf, "ndim", 0) < 2 or not jnp.issubdtype(leaf.dtype, jnp.floating):
@@ -214,6 +224,14 @@ def scale_of(node: dict, name: str) -> tuple[Any, str]:
         if name + suffix in node:
             return node[name + suffix], suffix
     return None, ""
+
+
+def format_of(params) -> str | None:
+    """The format ``params`` were quantized in (``"int8"``, ``"w8a8"``), or None for float params."""
+    suffixes = {str(getattr(path[-1], "key", "")) for path, _ in jax.tree_util.tree_leaves_with_path(params) if path}
+    if any(k.endswith(_SCALE_A8) for k in suffixes):
+        return "w8a8"
+    return "int8" if any(k.endswith(_SCALE) and k != "scale" for k in suffixes) else None
 
 
 def dequantize_params(params, dtype):

@@ -151,6 +151,41 @@ def step_costs(out, name: str, iters: int, blocks: int):
     return target, e1, e3
 
 
+QUANT_WIDTHS = (1, 3, 5, 9, 17)
+
+
+def quant_costs(out, name: str, iters: int, blocks: int):
+    """The target's one-token step and passes over 3..17 tokens in bfloat16 and each ``jaxspec.quantize`` format,
+    interleaved; returns the int8 target (and its EAGLE-1 head) for the loops."""
+    from jaxspec.bench.measure import StepTimer
+    from jaxspec.drafters.eagle import EagleDrafter
+    from jaxspec.models import quant
+
+    t0 = time.perf_counter()
+    target, e1, _, _, cache_len, position = build(name)
+    models = {"bfloat16": target, **{fmt: quant.quantize(target, fmt) for fmt in quant.FORMATS}}
+    cases = {f"{fmt}_{w}": (m, w) for fmt, m in models.items() for w in QUANT_WIDTHS}
+    timer = StepTimer(cases, cache_len, position, seed=0)
+    emit(out, section="quant", shape=name, event="compiled", build_and_compile_s=round(time.perf_counter() - t0, 1))
+    for _ in range(blocks):
+        timer.block(iters)
+    ms = {k: round(v * 1e3, 4) for k, v in timer.medians().items()}
+    emit(
+        out,
+        section="quant",
+        shape=name,
+        batch=1,
+        cache_len=cache_len,
+        calls=timer.count(),
+        weight_bytes={fmt: m.param_bytes for fmt, m in models.items()},
+        ms=ms,
+        step_vs_bfloat16={fmt: round(ms[f"{fmt}_1"] / ms["bfloat16_1"], 3) for fmt in models},
+        v_by_width={fmt: {w: round(ms[f"{fmt}_{w}"] / ms[f"{fmt}_1"], 3) for w in QUANT_WIDTHS[1:]} for fmt in models},
+    )
+    q = models["int8"].replace(name=f"{name}-int8")
+    return q, EagleDrafter.for_target(q, {k: e1.params[k] for k in ("fc", "layers", "final_norm")}, config=e1.config)
+
+
 def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, modes: list[str]):
     import jaxspec
 
@@ -219,6 +254,8 @@ def main(argv=None):
         default="plain,eagle1@2,eagle3@3,eagle1@5.3.6,eagle1@6.4.10",
         help="plain, HEAD@GAMMA (a chain) and HEAD@D.B.W (a tree: depth, branch, width), HEAD eagle1 or eagle3",
     )
+    p.add_argument("--quant-shapes", default="", help="shapes whose bfloat16, int8 and w8a8 steps are timed")
+    p.add_argument("--quant-loops", default="plain,eagle1@2", help="loop modes run over the int8 target")
     p.add_argument("--budget-s", type=float, default=330.0)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--blocks", type=int, default=3)
@@ -235,6 +272,16 @@ def main(argv=None):
         devices=[str(d) for d in jax.devices()],
         argv=sys.argv[1:],
     )
+    for name in [s for s in a.quant_shapes.split(",") if s]:
+        if time.perf_counter() - START > a.budget_s:
+            emit(a.out, section="skipped", shape=name, reason="budget")
+            continue
+        try:
+            q, qe1 = quant_costs(a.out, name, a.iters, a.blocks)
+            if a.quant_loops and time.perf_counter() - START < a.budget_s:
+                loop_costs(a.out, q, qe1, None, a.loop_repeats, a.new_tokens, 1, a.quant_loops.split(","))
+        except Exception as e:
+            emit(a.out, section="error", shape=name, error=f"{type(e).__name__}: {e}"[:2000])
     step_shapes = [s for s in a.shapes.split(",") if s]
     loop_shapes = [s for s in a.loop_shapes.split(",") if s]
     for name in dict.fromkeys(step_shapes + loop_shapes):

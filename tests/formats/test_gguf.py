@@ -91,6 +91,22 @@ def test_bfloat16_load():
     assert np.abs(logits - data["logits"]).max() < 0.1 * np.abs(data["logits"]).max() + 0.05
 
 
+@pytest.mark.parametrize("fmt", ["int8", "w8a8"])
+def test_q8_0_loads_quantized_within_the_formats_error(fmt):
+    """A Q8_0 file read with quantize=: every projection and embedding int8 from the start, logits within the
+    requantization's error of the file's dequantized logits (and of transformers' numbers)."""
+    name = next(n for n in TINY if MANIFEST[n]["quant"] == "Q8_0")
+    ref = jaxspec.load(_fixture(name), tokenizer=False)
+    model = jaxspec.load(_fixture(name), tokenizer=False, quantize=fmt)
+    assert model.params["embed"]["embedding"].dtype == np.int8
+    assert model.param_bytes < 0.5 * ref.param_bytes
+    tokens = _expected(name)["tokens"]
+    want, got = np.asarray(ref.logits(tokens)), np.asarray(model.logits(tokens))
+    err = np.abs(got - want).max()
+    assert 0 < err < (0.02 if fmt == "int8" else 0.1) * np.abs(want).max()
+    np.testing.assert_array_equal(got, np.asarray(jaxspec.quantize(ref, fmt).logits(tokens)))
+
+
 def _same_as_gguf_reader(path):
     """jaxspec's own metadata and tensor-table reader gives what the gguf package's GGUFReader gives."""
     ref = gguf.GGUFReader(path, "r")

@@ -165,3 +165,26 @@ def test_errors_name_the_argument(target, tmp_path):
         jaxspec.quantize(custom)
     with pytest.raises(TypeError, match="expected a CausalLM"):
         jaxspec.quantize("smollm2")
+
+
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+def test_checkpoints_save_and_restore_quantized_params(target, fmt, tmp_path):
+    q = jaxspec.quantize(target, fmt)
+    tokens = jnp.asarray([[4, 9, 1, 33, 2]])
+    jaxspec.save(q, tmp_path / "plain")
+    back = jaxspec.load(tmp_path / "plain")
+    assert quant.format_of(back.params) == fmt
+    np.testing.assert_array_equal(np.asarray(back.logits(tokens)), np.asarray(q.logits(tokens)))
+    # a bfloat16 store halves the float leaves only: int8 weights and float32 scales are kept as they are
+    jaxspec.save(q, tmp_path / "bf16", storage_dtype="bfloat16")
+    small = jaxspec.load(tmp_path / "bf16")
+    leaf = small.params["layers"][0]["attn"]["q_proj"]
+    assert leaf["kernel"].dtype == jnp.int8 and next(v for k, v in leaf.items() if "scale" in k).dtype == jnp.float32
+    np.testing.assert_array_equal(
+        np.asarray(leaf["kernel"]), np.asarray(q.params["layers"][0]["attn"]["q_proj"]["kernel"])
+    )
+    meshed = jaxspec.load(tmp_path / "plain", mesh={"data": 2, "model": 4})
+    assert meshed.params["layers"][0]["attn"]["q_proj"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(
+        None, "model"
+    )
+    np.testing.assert_allclose(np.asarray(meshed.logits(tokens)), np.asarray(q.logits(tokens)), atol=1e-4)

@@ -240,12 +240,18 @@ def _architecture(meta: dict, path: Path) -> str:
 
 
 def load(
-    path: str | os.PathLike, dtype="float32", *, tokenizer: Any = True, name: str | None = None, mesh=None
+    path: str | os.PathLike,
+    dtype="float32",
+    *,
+    tokenizer: Any = True,
+    name: str | None = None,
+    mesh=None,
+    quantize: str | None = None,
 ) -> CausalLM:
     """Load a GGUF file as a ``CausalLM`` with weights in ``dtype`` (``"float32"``, ``"bfloat16"``,
     ``"float16"``); ``tokenizer=True`` builds the file's tokenizer and chat template, ``False`` attaches none,
-    any other object is attached as is; ``mesh`` places every weight into its sharding (see
-    ``jaxspec.formats.hf.load``).
+    any other object is attached as is; ``mesh`` places every weight into its sharding and ``quantize`` makes
+    each projection and embedding int8 as it is read (see ``jaxspec.formats.hf.load``).
 
     Raises ``FileNotFoundError`` for a missing file and ``GGUFError`` (a ``ValueError``) for a truncated or
     malformed file, an unsupported architecture, RoPE variant, tokenizer or quantization type.
@@ -264,7 +270,7 @@ def load(
     tensors = _Tensors(reader, arch, config, path)
     shardings = None if mesh is None else family.shardings(cfg, mesh, name=path.stem)
     try:
-        params = hf.load_params(path.parent, family, cfg, shardings, tensors=tensors)
+        params = hf.load_params(path.parent, family, cfg, shardings, tensors=tensors, quantize=quantize)
     except ValueError as err:
         raise GGUFError(f"{path}: {err}".replace(f"checkpoint in {path.parent}", "the file")) from None
     if tokenizer is True:
