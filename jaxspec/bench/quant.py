@@ -44,13 +44,15 @@ def run(args) -> dict:
     """Loads the target once per format, times the steps interleaved, compares with float32; prints a table and
     returns the JSON document."""
     formats = ["float32", *quant.FORMATS]
-    models, doc = {}, {"mode": "quant", "target": TARGET, "formats": {}}
+    models: dict = {}
+    records: dict[str, dict] = {}
+    doc = {"mode": "quant", "target": TARGET, "formats": records}
     for fmt in formats:
         start = time.perf_counter()
         model = jaxspec.load(getattr(args, "target", None) or TARGET, quantize=None if fmt == "float32" else fmt)
         jax.block_until_ready(model.params)
         models[fmt] = model
-        doc["formats"][fmt] = {"load_s": time.perf_counter() - start, "weight_bytes": model.param_bytes}
+        records[fmt] = {"load_s": time.perf_counter() - start, "weight_bytes": model.param_bytes}
     ref = models["float32"]
     problems = load_problems(args.humaneval_prompts or 20)
     prompts = prompt_ids(ref, problems)
@@ -77,11 +79,11 @@ def run(args) -> dict:
     )
     print(header + "\n" + "-" * len(header))
     for fmt in formats:
-        rec = doc["formats"][fmt]
+        rec = records[fmt]
         rec["step_ms"] = {str(w): ms[f"{fmt}_{w}"] for w in WIDTHS}
         rec["v"] = {str(w): ms[f"{fmt}_{w}"] / ms[f"{fmt}_1"] for w in WIDTHS[1:]}
         rec["step_vs_float32"] = ms[f"{fmt}_1"] / f32_step
-        rec["weights_vs_float32"] = rec["weight_bytes"] / doc["formats"]["float32"]["weight_bytes"]
+        rec["weights_vs_float32"] = rec["weight_bytes"] / records["float32"]["weight_bytes"]
         rec.update(quality(ref, models[fmt], prompts, greedy["float32"]) if fmt != "float32" else {})
         rec["same_greedy_rows"] = float(np.mean([a == b for a, b in zip(greedy[fmt], greedy["float32"])]))
         q = (

@@ -11,6 +11,7 @@ Layout of a saved model directory::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,8 @@ def load(directory: str | Path, dtype: str | None = None, sharding: Any = None, 
     abstract = family.abstract_params(config)
     fmt = meta.get("quantize")
     if fmt is not None:  # int8 weights with float32 scales (jaxspec.quantize); placed on a mesh once restored
-        abstract = jax.eval_shape(lambda p: quant.quantize_params(p, quant.check_format(fmt, "quantize")), abstract)
+        fmt = str(quant.check_format(fmt, "quantize"))
+        abstract = jax.eval_shape(functools.partial(quant.quantize_params, fmt=fmt), abstract)
         placed, mesh, sharding = (mesh, sharding), None, None
     if mesh is not None:
         if sharding is not None:

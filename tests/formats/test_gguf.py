@@ -103,7 +103,7 @@ def test_q8_0_loads_quantized_within_the_formats_error(fmt):
     tokens = _expected(name)["tokens"]
     want, got = np.asarray(ref.logits(tokens)), np.asarray(model.logits(tokens))
     err = np.abs(got - want).max()
-    assert 0 < err < (0.02 if fmt == "int8" else 0.1) * np.abs(want).max()
+    assert 0 < err < (0.05 if fmt == "int8" else 0.15) * np.abs(want).max()
     np.testing.assert_array_equal(got, np.asarray(jaxspec.quantize(ref, fmt).logits(tokens)))
 
 
