@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxspec.core.model import CausalLM
 from jaxspec.formats import safetensors_file
-from jaxspec.models import families, llama
+from jaxspec.models import families, llama, quant
 from jaxspec.models.families import ModelFamily
 
 
@@ -77,14 +77,16 @@ def export_hf(model: CausalLM, directory: str | os.PathLike, *, model_type: str 
     ``qwen3`` or ``gemma``); another layout of the same model may be asked for (``"phi3"``: fused q/k/v and
     gate/up tensors). A reduced-vocabulary draft is written over the full vocabulary (see ``_full_vocab``).
     Raises ``ValueError`` for a model or ``model_type`` that has no such export, ``FileExistsError`` for a
-    non-empty ``directory``.
+    non-empty ``directory``. A quantized model (``jaxspec.quantize``) is written with float weights, its int8
+    weights times their scales.
     """
     cfg = model.config
     family = _family(cfg, model_type)
     directory = Path(directory)
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(f"directory {directory} exists and is not empty; choose a new path")
-    params = families.stack_layers(model.params)  # the weight table's layout
+    # the weight table's layout, in floats (a quantized model's int8 weights times their scales)
+    params = quant.dequantize_params(families.stack_layers(model.params), cfg.jnp_dtype)
     if getattr(cfg, "vocab_ids", ()):
         cfg, params = _full_vocab(cfg, params)
     eos = model.eos_token_id

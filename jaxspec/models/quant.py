@@ -1,4 +1,4 @@
-"""Weight-only quantization: int8 weights with a float scale per output channel, applied inside the matmuls.
+"""Quantized weights: int8 with a float scale per output channel, applied inside the products.
 
 A quantized weight is stored as two leaves of the params tree: the integer array under the float weight's own name
 (``kernel`` of a projection, ``embedding`` of a table) and its scales beside it (``kernel_scale``: one per output
@@ -7,9 +7,13 @@ table embeds and when it is a tied LM head). The modules here read either form, 
 changing its params alone: ``apply_fn``, configs and parameter names stay as they are, and the float model and its
 quantized copy share compiled code paths (only the argument dtypes differ).
 
-In a pass the integer weight is converted to the activation dtype inside the product and the product scaled per
-output channel (``x @ (q · s) = (x @ q) · s``); XLA fuses the conversion where the backend can, so the float
-weight is never held between steps. Norm scales, biases and other vectors stay float.
+Two formats store the same weights and differ in the product. ``"int8"`` (weight-only): the integer weight is
+converted to the activation dtype inside the product and the product scaled per output channel
+(``x @ (q · s) = (x @ q) · s``); the float weight is never stored, though a backend may write it out inside a call
+(XLA:CPU does). ``"w8a8"`` (scales named ``*_scale_a8``): each product's input rows are rounded to int8 by their
+own absmax too and the product runs in integers (int32 sums), scaled by both; a one-row product is computed over
+two rows (XLA:CPU's one-row integer product is ~20× slower; two rows cost what one does elsewhere). Norm scales,
+biases and other vectors stay float. Measurements: docs/history/quantization.md.
 """
 
 from __future__ import annotations

@@ -190,6 +190,17 @@ def test_single_prompt_streams_the_generated_text(pair, monkeypatch, capsys):
     assert "≤" not in err and "est." not in err  # τ is no estimate of the speed-up: no bound is offered as one
 
 
+def test_quantize_loads_both_models_quantized(pair, capsys):
+    assert cli.main(["generate", "def f(x):", *models(pair), "--quantize", "w8a8"]) == 0
+    out = capsys.readouterr().out
+    target = jaxspec.quantize(pair["target"], "w8a8")
+    draft = jaxspec.quantize(pair["draft"], "w8a8")
+    want = jaxspec.generate(target, ["def f(x):"], draft=draft, gamma=4, max_new_tokens=MAX_NEW, temperature=0.0)
+    assert out.strip() == want.texts[0].strip() and out.strip()
+    assert cli.main(["generate", "x", *models(pair), "--quantize", "int4"]) == 2
+    assert "--quantize" in capsys.readouterr().err
+
+
 def test_speedup_line_offers_no_bound_as_an_estimate():
     spec = SimpleNamespace(mode="speculative", tokens_per_round=2.46, policy=None)
     assert speedup_line(spec).startswith("speed-up: not measured") and "2.46" not in speedup_line(spec)

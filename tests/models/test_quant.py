@@ -188,3 +188,11 @@ def test_checkpoints_save_and_restore_quantized_params(target, fmt, tmp_path):
         None, "model"
     )
     np.testing.assert_allclose(np.asarray(meshed.logits(tokens)), np.asarray(q.logits(tokens)), atol=1e-4)
+
+
+def test_export_hf_writes_the_dequantized_weights(target, tmp_path):
+    q = jaxspec.quantize(target, "int8")
+    jaxspec.export_hf(q, tmp_path / "hf")
+    back = jaxspec.load(tmp_path / "hf")
+    tokens = jnp.asarray([[4, 9, 1, 33, 2]])
+    np.testing.assert_allclose(np.asarray(back.logits(tokens)), np.asarray(q.logits(tokens)), atol=1e-4)
