@@ -66,7 +66,8 @@ def load_models(args: argparse.Namespace, progress: Progress | None = None):
 
     def load(value, flag):
         try:
-            return jaxspec.load(value, args.dtype, quantize=getattr(args, "quantize", None))
+            fmt = getattr(args, "quantize", None)
+            return jaxspec.load(value, args.dtype, **({"quantize": fmt} if fmt else {}))
         except (OSError, ValueError) as err:  # not found, gated (PermissionError), unsupported
             raise CliError(f"{flag}: cannot load {value!r}: {err}") from None
 
