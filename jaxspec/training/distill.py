@@ -38,7 +38,7 @@ from jaxspec.formats import jsonl
 from jaxspec.generation.generate import generate
 from jaxspec.generation.inputs import next_pow2
 from jaxspec.generation.request import is_int, is_real, tokenize
-from jaxspec.models import families
+from jaxspec.models import families, quant
 from jaxspec.training.common import LOG_FILE, Checkpoints, append_jsonl, due, make_optimizer, optimizer_step
 from jaxspec.training.losses import LOSSES, divergence, weighted_mean
 
@@ -221,6 +221,11 @@ def _check(
         raise TypeError(f"target must be a jaxspec.CausalLM, got {type(target).__name__}")
     if not isinstance(draft, CausalLM):
         raise TypeError(f"draft must be a jaxspec.CausalLM, got {type(draft).__name__}")
+    if quant.format_of(draft.params) is not None:
+        raise ValueError(
+            f"draft {draft.name!r} has {quant.format_of(draft.params)} weights, which have no gradients: distill its "
+            "float weights, then jaxspec.quantize the result (a quantized target is fine)"
+        )
     if draft.vocab_size != target.vocab_size:
         raise ValueError(
             f"draft vocab_size ({draft.vocab_size}) != target vocab_size ({target.vocab_size}); "

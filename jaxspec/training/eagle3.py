@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from jaxspec.core.model import CausalLM
 from jaxspec.drafters import eagle
-from jaxspec.models import eagle3, llama
+from jaxspec.models import eagle3, llama, quant
 from jaxspec.training.common import LOG_FILE, Checkpoints, append_jsonl, due, make_optimizer
 from jaxspec.training.eagle import batch_at
 from jaxspec.training.offline import choose_vocab, read_data
@@ -281,6 +281,11 @@ def train_head(
     not stored: ``shared_lm_head``); default True for a new head, ``init``'s choice when going on. Returns the
     ``EagleDrafter`` and this call's log records (also appended to ``out_dir/distill_log.jsonl``, with each step's
     teacher-forced top-1 agreement)."""
+    if quant.format_of(target.params) is not None:
+        raise ValueError(
+            f"target {target.name!r} has {quant.format_of(target.params)} weights: train the head on the float "
+            "target (the head reads its embedding and features as they are), then use it with the quantized one"
+        )
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
     if init is not None:
         if not isinstance(init, eagle.EagleDrafter) or not init.eagle3:

@@ -188,3 +188,12 @@ def test_export_hf_writes_the_dequantized_weights(target, tmp_path):
     back = jaxspec.load(tmp_path / "hf")
     tokens = jnp.asarray([[4, 9, 1, 33, 2]])
     np.testing.assert_allclose(np.asarray(back.logits(tokens)), np.asarray(q.logits(tokens)), atol=1e-4)
+
+
+def test_training_refuses_quantized_weights_it_would_misread(target, small_draft, tmp_path):
+    from jaxspec.training import eagle3 as train3
+
+    with pytest.raises(ValueError, match="no gradients: distill its float weights"):
+        jaxspec.distill(target, jaxspec.quantize(small_draft), [[1, 2, 3]], out_dir=tmp_path / "d", steps=1)
+    with pytest.raises(ValueError, match="train the head on the float target"):
+        train3.train_head(jaxspec.quantize(target), [], out_dir=tmp_path / "h", steps=1)
