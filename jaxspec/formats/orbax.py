@@ -153,10 +153,7 @@ def load(directory: str | Path, dtype: str | None = None, sharding: Any = None, 
 def _keep_scales(params, original):
     """``params`` with the quantization scales of ``original`` restored (they stay float32 at any storage dtype)."""
     if isinstance(params, dict):
-        return {
-            k: original[k] if k.endswith(("_scale", "_scale_a8")) and k != "scale" else _keep_scales(v, original[k])
-            for k, v in params.items()
-        }
+        return {k: original[k] if quant.is_scale(k) else _keep_scales(v, original[k]) for k, v in params.items()}
     if isinstance(params, (tuple, list)):
         return type(params)(_keep_scales(v, o) for v, o in zip(params, original))
     return params

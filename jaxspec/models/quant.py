@@ -235,7 +235,7 @@ def format_of(params) -> str | None:
     suffixes = {str(getattr(path[-1], "key", "")) for path, _ in jax.tree_util.tree_leaves_with_path(params) if path}
     if any(k.endswith(_SCALE_A8) for k in suffixes):
         return "w8a8"
-    return "int8" if any(k.endswith(_SCALE) and k != "scale" for k in suffixes) else None
+    return "int8" if any(k.endswith(_SCALE) for k in suffixes) else None
 
 
 def dequantize_params(params, dtype):
