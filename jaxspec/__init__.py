@@ -8,8 +8,9 @@ The public API, by the order data flows through it:
   * drafters: ``Drafter`` (the protocol), ``PromptLookup``, ``LookupFirst`` and ``eagle`` (EAGLE heads over the
     target's hidden states); a draft ``CausalLM`` drafts as it is;
   * generation: ``generate`` and ``stream`` (plain or speculative decoding) with their settings,
-    ``GenerationConfig``; ``Engine`` (continuous batching over many requests, results yielded as rows finish);
-    ``policy`` (``gamma="auto"``); results ``GenerationResult``, ``Stats``, ``RowStats``, ``StreamStep``;
+    ``GenerationConfig``; structured output (``JsonSchema``, ``Regex``, ``Choice``: ``constraint=``); ``Engine``
+    (continuous batching over many requests, results yielded as rows finish); ``policy`` (``gamma="auto"``);
+    results ``GenerationResult``, ``Stats``, ``RowStats``, ``StreamStep``;
   * placement: ``sharding`` (meshes, ``shard``, ``plan``) and ``multihost`` (``share_prompts``);
     ``enable_compilation_cache`` (compiled programs kept on disk for later processes);
   * training: ``distill`` (a draft model toward a target).
@@ -31,6 +32,7 @@ from jaxspec.formats.hf_export import export_hf  # noqa: E402
 from jaxspec.formats.loader import load  # noqa: E402
 from jaxspec.formats.orbax import save  # noqa: E402
 from jaxspec.generation.config import GenerationConfig  # noqa: E402
+from jaxspec.generation.constraints import Choice, JsonSchema, Regex  # noqa: E402
 from jaxspec.generation.engine import Engine, EngineStats, RowResult  # noqa: E402
 from jaxspec.generation.generate import Stream, generate, stream  # noqa: E402
 from jaxspec.generation.results import GenerationResult, NonFiniteLogitsError, RowStats, Stats, StreamStep  # noqa: E402
@@ -45,14 +47,17 @@ from jaxspec.version import __version__  # noqa: E402
 __all__ = [
     "__version__",
     "CausalLM",
+    "Choice",
     "Drafter",
     "Engine",
     "EngineStats",
     "GenerationConfig",
     "GenerationResult",
+    "JsonSchema",
     "LookupFirst",
     "NonFiniteLogitsError",
     "PromptLookup",
+    "Regex",
     "RowResult",
     "RowStats",
     "Stats",

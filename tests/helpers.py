@@ -1,5 +1,5 @@
 """Test utilities shared by every test package: where the fixtures are; tiny model configs; counting XLA
-compilations; a tiny Hugging Face tokenizer; a model resized to another vocabulary size; chunked cached decoding."""
+compilations; tiny Hugging Face tokenizers; a model resized to another vocabulary size; chunked cached decoding."""
 
 import contextlib
 from pathlib import Path
@@ -49,6 +49,19 @@ def tiny_hf_tokenizer(text: str = "def f(x): return x + 1\n", vocab_size: int = 
     )
     tok.train_from_iterator([text] * 50, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def five_token_tokenizer():
+    """A byte-level BPE ``PreTrainedTokenizerFast`` of exactly five ids: ``a`` 0, ``b`` 1, ``c`` 2, ``ab`` 3 and
+    the special ``</s>`` 4 (its EOS), for constraints over the exactness tests' 5-token models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"a": 0, "b": 1, "c": 2, "ab": 3, "</s>": 4}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
 
 
 VOCAB = 96

@@ -161,6 +161,9 @@ def _run_batches(args, pending: list[Row], target, draft, appender: jsonl.Append
     record as its row finishes. Each pass compiles inside its first program calls, before any of its rows
     finishes: its "compiling" line says so and its bar keeps time meanwhile."""
     requests = [dict(prompt=r.prompt, seed=row_seed(args.seed, r.id)) for r in pending]
+    for request, row in zip(requests, pending):
+        if row.constraint is not None:  # structured output (checked by the engine: errors name the row's id)
+            request["constraint"] = row.constraint
     kw = gen_kwargs(args, draft)
     chat = kw.pop("chat")
     plain = {}

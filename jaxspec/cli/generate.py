@@ -36,12 +36,13 @@ Batch:  jaxspec generate --input prompts.jsonl --output out.jsonl [--batch-size 
   once; each record is written as soon as its row finishes (so records come in finishing order).
   Input lines: {"id": ..., "prompt": "...", "category": "..." (optional)}, or Spec-Bench / MT-bench
   {"question_id": ..., "category": ..., "turns": ["...", ...]} (the first turn is the prompt; id = question_id).
-  Ids are ints or strings and must be unique.
+  Ids are ints or strings and must be unique. Structured output per line: "constraint": {"json_schema": {...}},
+  {"regex": "..."} or {"choices": ["...", ...]}.
   Output: one JSON record per prompt, appended, written whole and fsync'ed: id, category, prompt, text,
   token_ids, finish_reason, new_tokens, wall_time, accept_lengths, alpha, rounds (target passes after prefill),
   drafted, accepted, accept_hist, gamma, and a Spec-Bench "choices" entry (turns, new_tokens, wall_time,
   accept_lengths as lists) so Spec-Bench's speed.py reads the file as is. With --compare also plain_wall_time
-  and plain_new_tokens.
+  and plain_new_tokens; with a constraint also complete (the output matches it in full) and forced_tokens.
     wall_time: the row's share of the job's device time (compilation excluded): each decode stretch's time split
       over the rows by the tokens they generated in it, each prefill's over the rows it inserted; so a
       category's tokens ÷ wall time is its throughput.

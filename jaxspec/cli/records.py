@@ -46,6 +46,8 @@ def make_record(row: Row, result, gamma: int, plain: tuple[float, int] | None = 
     }
     if plain is not None:
         rec["plain_wall_time"], rec["plain_new_tokens"] = plain
+    if rs.complete is not None:  # a constrained row: whether its output matches the constraint in full
+        rec["complete"], rec["forced_tokens"] = rs.complete, rs.forced_tokens
     if row.question:
         rec["question_id"] = row.id
     rec["choices"] = [

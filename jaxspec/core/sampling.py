@@ -19,6 +19,7 @@ Rule, per row (applied in this order):
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +40,16 @@ class SamplingParams:
         unused).
       top_k: int32 ``[]`` or ``[B]``; ``<= 0`` means off, values above the vocabulary size keep every token.
       top_p: float32 ``[]`` or ``[B]``; ``>= 1`` means off.
+      grammar: None, or the rows' constraint automata standing at the state of each row (``[B, V]`` logits) or of
+        each position (``[B, T, V]``): tokens a state does not allow are masked before warping
+        (``jaxspec.core.grammar``). The loop attaches it for the calls it makes; a drafter that draws several
+        tokens in turn advances it along its own draws (``Grammar.advanced``).
     """
 
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    grammar: Any = None
 
     @classmethod
     def create(cls, temperature=1.0, top_k=None, top_p=None, batch: int | None = None) -> SamplingParams:
@@ -59,6 +65,10 @@ class SamplingParams:
 
         return cls(field(temperature, 1.0, jnp.float32), field(top_k, 0, jnp.int32), field(top_p, 1.0, jnp.float32))
 
+    def advanced(self, tokens: jax.Array) -> SamplingParams:
+        """These parameters after each row drew ``tokens [B]``: the grammar (if any) advanced along them."""
+        return self if self.grammar is None else dataclasses.replace(self, grammar=self.grammar.advanced(tokens))
+
 
 def _per_row(x: jax.Array, ndim: int) -> jax.Array:
     """A scalar or ``[B]`` parameter shaped to broadcast over logits of ``ndim`` axes: ``[1, ..]`` or ``[B, 1, ..]``."""
@@ -67,6 +77,8 @@ def _per_row(x: jax.Array, ndim: int) -> jax.Array:
 
 def _check_shapes(params: SamplingParams, logits_shape: tuple) -> None:
     for field in dataclasses.fields(params):
+        if field.name == "grammar":
+            continue
         shape = jnp.shape(getattr(params, field.name))
         if shape == () or (len(shape) == 1 and len(logits_shape) >= 2 and shape[0] == logits_shape[0]):
             continue
@@ -101,6 +113,8 @@ def warp(logits: jax.Array, params: SamplingParams) -> jax.Array:
     """
     logits = logits.astype(jnp.float32)
     _check_shapes(params, logits.shape)
+    if params.grammar is not None:
+        logits = params.grammar.mask(logits)
     temperature, top_k, top_p = (_per_row(x, logits.ndim) for x in (params.temperature, params.top_k, params.top_p))
     greedy = temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)

@@ -85,16 +85,16 @@ class ModelDrafter(Drafter):
         bad = bad_logits(last)
 
         def step(carry, xs):
-            cache, tok, bad = carry
+            cache, tok, bad, sampling = carry
             key, offset = xs
             logits, cache = self.apply_fn(params, self._ids(tok[:, None]), (pos_last + offset)[:, None], cache)
             logits = self._fit(logits[:, 0], vocab_size)
             q = warp(logits, sampling)
             nxt = jax.vmap(sample)(key, q)
-            return (cache, nxt, bad | bad_logits(logits)), (nxt, q)
+            return (cache, nxt, bad | bad_logits(logits), sampling.advanced(nxt)), (nxt, q)
 
-        (cache, _, bad), (rest, q_rest) = jax.lax.scan(
-            step, (cache, d1, bad), (keys[:, 1:].T, jnp.arange(1, gamma, dtype=jnp.int32))
+        (cache, _, bad, _), (rest, q_rest) = jax.lax.scan(
+            step, (cache, d1, bad, sampling.advanced(d1)), (keys[:, 1:].T, jnp.arange(1, gamma, dtype=jnp.int32))
         )
         drafts = jnp.concatenate([d1[:, None], rest.T], axis=1)
         q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)

@@ -203,16 +203,18 @@ class EagleDrafter(Drafter):
         bad = bad_logits(logits[:, -1])
 
         def step(carry, xs):
-            cache, tok, feat, bad = carry
+            cache, tok, feat, bad, sampling = carry
             key, offset = xs
             pos = (length - 2 + offset)[:, None]
             logits, feats, cache = apply_fn(params, tok[:, None], feat[:, None], pos, cache)
             q = warp(logits[:, 0], sampling)
             nxt = jax.vmap(sample)(key, q)
-            return (cache, nxt, feats[:, 0], bad | bad_logits(logits[:, 0])), (nxt, q)
+            return (cache, nxt, feats[:, 0], bad | bad_logits(logits[:, 0]), sampling.advanced(nxt)), (nxt, q)
 
-        (cache, _, _, bad), (rest, q_rest) = jax.lax.scan(
-            step, (cache, d1, feats[:, -1], bad), (keys[:, 1:].T, jnp.arange(1, gamma, dtype=jnp.int32))
+        (cache, _, _, bad, _), (rest, q_rest) = jax.lax.scan(
+            step,
+            (cache, d1, feats[:, -1], bad, sampling.advanced(d1)),
+            (keys[:, 1:].T, jnp.arange(1, gamma, dtype=jnp.int32)),
         )
         drafts = jnp.concatenate([d1[:, None], rest.T], axis=1)
         q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)

@@ -106,6 +106,8 @@ class Row:
       category: ``"category"``, or None.
       line: the 1-based line number in the file.
       question: whether the line was in Spec-Bench / MT-bench form (``question_id``, ``turns``).
+      constraint: ``"constraint"`` (structured output: ``{"json_schema": ...}``, ``{"regex": ...}`` or
+        ``{"choices": [...]}``, checked when the job starts), or None.
     """
 
     id: object
@@ -113,6 +115,7 @@ class Row:
     category: str | None
     line: int
     question: bool
+    constraint: dict | None = None
 
     @property
     def key(self) -> str:
@@ -125,10 +128,10 @@ def _blank(text: str) -> str:
 
 
 def prompt_row(obj, line: int) -> Row:
-    """The ``Row`` of one parsed line: ``{"id", "prompt", "category"?}``, or ``{"question_id", "turns",
-    "category"?}`` (a line with either of those two keys is in this form). Raises ``ValueError`` with the reason,
-    among them a prompt that is empty or only whitespace (``jaxspec.generate`` refuses those too; caught here, the
-    line is reported before any model is loaded)."""
+    """The ``Row`` of one parsed line: ``{"id", "prompt", "category"?, "constraint"?}``, or ``{"question_id",
+    "turns", "category"?, "constraint"?}`` (a line with either of those two keys is in this form). Raises
+    ``ValueError`` with the reason, among them a prompt that is empty or only whitespace (``jaxspec.generate``
+    refuses those too; caught here, the line is reported before any model is loaded)."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     category = obj.get("category")
@@ -150,7 +153,12 @@ def prompt_row(obj, line: int) -> Row:
             raise ValueError(f'"prompt" is {_blank(prompt)}')
     if not valid_id(row_id):
         raise ValueError(f'"{id_field}" must be an int or a non-empty string, got {row_id!r}')
-    return Row(row_id, prompt, category, line, question)
+    constraint = obj.get("constraint")
+    if constraint is not None and not (isinstance(constraint, dict) and len(constraint) == 1):
+        raise ValueError(
+            '"constraint" must be an object with one key: {"json_schema": ...}, {"regex": ...} or {"choices": [...]}'
+        )
+    return Row(row_id, prompt, category, line, question, constraint)
 
 
 def read_prompts(path) -> tuple[list[Row], list[str]]:

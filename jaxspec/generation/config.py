@@ -51,6 +51,11 @@ class GenerationConfig:
         ``branch`` best children, then per level the ``width`` most promising of their children, ``depth`` levels)
         and one target pass verifies all of it; exact at any temperature. Static: each shape compiles once; γ is
         the depth. None: chains of γ drafts.
+      constraint: structured output: ``jaxspec.JsonSchema(schema)``, ``jaxspec.Regex(pattern)``,
+        ``jaxspec.Choice([...])`` (or the dicts ``{"json_schema": ...}``, ``{"regex": ...}``, ``{"choices": [...]}``),
+        one for every prompt or one per prompt (None: free). The target and the drafter are masked by each row's
+        automaton state, so the output is exactly sampling from the masked, renormalized target; tokens the
+        constraint forces are proposed for free. A new constraint changes arrays, not programs (tables bucketed).
     """
 
     draft: Any = None
@@ -68,6 +73,7 @@ class GenerationConfig:
     shard_draft: bool = True
     policy: Any = None
     tree: Any = None
+    constraint: Any = None
 
     PER_REQUEST: ClassVar[tuple[str, ...]] = (
         "max_new_tokens",
@@ -76,6 +82,7 @@ class GenerationConfig:
         "top_p",
         "seed",
         "eos_token_id",
+        "constraint",
     )
     """The fields an ``Engine`` request may set for itself; the others hold for the whole engine."""
 

@@ -26,10 +26,11 @@ import jax
 import numpy as np
 
 from jaxspec import loop
+from jaxspec.core.grammar import Grammar
 from jaxspec.core.model import CausalLM
 from jaxspec.core.sampling import SamplingParams
+from jaxspec.generation import constraints, regamma, results
 from jaxspec.generation import inputs as inputs_lib
-from jaxspec.generation import regamma, results
 from jaxspec.generation.config import GenerationConfig
 from jaxspec.generation.generate import choose_gamma
 from jaxspec.generation.request import Request, is_int, make_request, resolve_chat, tokenize
@@ -256,6 +257,12 @@ class Engine:
         # request's index (as row i of one generate call over all the requests)
         row_ids = np.where(explicit, 0, np.arange(len(rows)))
         eos = [self._eos(e, i) for i, e in enumerate(eos_sets)]
+        for i, automaton in enumerate(request.automata or ()):
+            if automaton is not None and request.eos[0] not in eos[i]:
+                raise ValueError(
+                    f"requests[{i}]: a constrained request ends with the engine's end-of-sequence id {request.eos[0]}; "
+                    f"its own eos_token_id {list(eos[i])} must include it"
+                )
         return _Batch(request, ids, row_ids, eos)
 
     def _eos(self, value, index: int) -> tuple[int, ...]:
@@ -290,6 +297,10 @@ class EngineRun:
         gamma, decision, policy = choose_gamma(request, shape)
         self.spec = inputs_lib.loop_spec(request, self.cache_len, gamma)
         self.drafter = request.drafter if gamma > 0 else None
+        # constraints: every request's tables at the run's shared (bucketed) shapes, and one unconstrained row last
+        self.tables = None
+        if request.automata is not None:
+            self.tables = constraints.device_tables([*request.automata, None], self.spec.vocab_size)
         # gamma="auto": the hook that re-decides γ between decode calls (jaxspec.generation.regamma)
         self.auto = None if decision is None else regamma.Regamma(request, shape, decision, policy)
         self.stats = EngineStats(
@@ -391,6 +402,8 @@ class EngineRun:
                     state.accept_hist,
                     state.bad_target,
                     state.bad_draft,
+                    state.forced,
+                    None if state.grammar is None else state.grammar.state,
                 )
             )
             for b in finished:
@@ -458,6 +471,7 @@ class EngineRun:
                 col(np.minimum(request.top_k[take], self.spec.vocab_size), 0, np.int32),
                 col(request.top_p[take], 1.0, np.float32),
             ),
+            grammar=None if self.tables is None else self._grammar(take, pad),
         )
         inputs = jax.device_put(inputs) if spec.mesh is None else inputs_lib.place_inputs(inputs, spec.mesh)
         new, seconds = loop.prefill_program(spec, tparams, dparams, inputs)
@@ -469,9 +483,19 @@ class EngineRun:
         self._compiled(f"insert[{width}<-{k}]", more)
         return state, seconds + more
 
+    def _grammar(self, take: list[int], pad: int) -> Grammar:
+        """The constraint tables of the requests ``take`` and ``pad`` unconstrained padding rows, every row at its
+        initial state (host arrays; shapes shared by the whole run, so refills compile nothing new)."""
+        assert self.tables is not None
+        token_class, next_state = self.tables
+        rows = np.asarray(list(take) + [len(token_class) - 1] * pad)  # the tables' last row: unconstrained
+        return Grammar(token_class[rows], next_state[rows], np.zeros(len(rows), np.int32))  # type: ignore[arg-type]
+
     def _row(self, host, slot: int, index: int, length: int, rounds: int, wall: float) -> RowResult:
-        tokens, logprobs, plen, finish, drafted, accepted, hist, bad_t, bad_d = host
+        tokens, logprobs, plen, finish, drafted, accepted, hist, bad_t, bad_d, forced, where = host
         start = int(plen[slot])
+        automata = self.batch.request.automata
+        automaton = None if automata is None else automata[index]
         out = tokens[slot, start:length].tolist()
         reason = FINISH_REASONS.get(int(finish[slot]), "running")
         stats = RowStats(
@@ -480,7 +504,9 @@ class EngineRun:
             drafted=int(drafted[slot]),
             accepted=int(accepted[slot]),
             accept_hist=tuple(int(x) for x in hist[slot]),
+            forced_tokens=int(forced[slot]),
             finish_reason=reason,
+            complete=None if automaton is None else bool(automaton.final[int(where[slot])]),
         )
         error = None
         if bad_t[slot] or bad_d[slot]:

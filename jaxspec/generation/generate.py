@@ -121,6 +121,7 @@ class Prepared:
       drafter: with ``gamma="auto"``, the drafter the policy decided for (also when it chose plain decoding).
       config: the call's settings as given (its ``draft`` names the culprit in a ``NonFiniteLogitsError``).
       prompt_len: the positions per row the prefill reads (``Buckets.prompt_len``: whole chunks).
+      automata: the rows' compiled constraints (``Request.automata``), or None.
     """
 
     spec: loop.LoopSpec
@@ -135,6 +136,7 @@ class Prepared:
     drafter: object = None
     config: GenerationConfig = GenerationConfig()
     prompt_len: int = 0
+    automata: tuple | None = None
 
     def placed_params(self) -> tuple:
         """``(target_params, draft_params)`` placed as the loop takes them (``inputs.place_params``)."""
@@ -166,6 +168,7 @@ def prepare(target, prompts, config: GenerationConfig | None = None, **settings)
         drafter=request.drafter if decision is not None else None,
         config=request.config,
         prompt_len=shape.prompt_len,
+        automata=request.automata,
     )
 
 
@@ -230,6 +233,7 @@ def finish(prep: Prepared, state: loop.State, wall_time_s: float, compile_time_s
         wall_time_s=wall_time_s,
         compile_time_s=compile_time_s,
         model_names=names,
+        automata=prep.automata,
     )
     stats = result.stats
     if prep.decision is not None and stats.drafted:

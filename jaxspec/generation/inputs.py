@@ -18,9 +18,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxspec import loop
+from jaxspec.core.grammar import Grammar
 from jaxspec.core.model import CausalLM
 from jaxspec.core.sampling import SamplingParams
 from jaxspec.drafters import Drafter, ModelDrafter, NoDraft
+from jaxspec.generation import constraints
 from jaxspec.generation.request import Request
 from jaxspec.parallel import sharding
 
@@ -128,8 +130,18 @@ def loop_inputs(request: Request, shape: Buckets) -> loop.LoopInputs:
         sampling=SamplingParams.create(
             rows(request.temperature, 0.0), rows(top_k, 0), rows(request.top_p, 1.0), batch=batch
         ),
+        grammar=None if request.automata is None else grammar_inputs(request, batch),
     )
     return inputs if request.mesh is None else place_inputs(inputs, request.mesh)
+
+
+def grammar_inputs(request: Request, batch: int) -> Grammar:
+    """The rows' constraint automata as device tables (``constraints.device_tables``; padding rows and rows
+    without a constraint allow every token), every row at its initial state."""
+    assert request.automata is not None
+    automata = list(request.automata) + [None] * (batch - request.num_rows)
+    token_class, next_state = constraints.device_tables(automata, request.target.vocab_size)
+    return Grammar(jnp.asarray(token_class), jnp.asarray(next_state), jnp.zeros((batch,), jnp.int32))
 
 
 def place_inputs(inputs: loop.LoopInputs, mesh: Mesh) -> loop.LoopInputs:

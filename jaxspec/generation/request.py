@@ -22,6 +22,7 @@ from jaxspec.core.acceptance import RejectionSampler
 from jaxspec.core.model import CausalLM
 from jaxspec.drafters import Drafter, LookupFirst, PromptLookup
 from jaxspec.drafters.branching import check_tree
+from jaxspec.generation import constraints
 from jaxspec.generation.config import GenerationConfig
 from jaxspec.parallel import sharding
 from jaxspec.policy import AutoGamma
@@ -227,6 +228,7 @@ class Request:
       tree: the ``(depth, branch, width)`` of the trees the drafter drafts each round, or None (chains); a
         ``Drafter`` object in ``lookup`` carries it too.
       config: the settings as given (unchecked; what the fields above were made from).
+      automata: None (no row constrained), or N ``constraints.Automaton``s or None (a row without a constraint).
     """
 
     target: CausalLM
@@ -248,6 +250,7 @@ class Request:
     shard_draft: bool
     config: GenerationConfig
     tree: tuple[int, int, int] | None = None
+    automata: tuple | None = None
 
     @property
     def num_rows(self) -> int:
@@ -372,6 +375,7 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
     for e in eos:
         if not is_int(e) or not 0 <= e < vocab:
             raise ValueError(f"eos_token_id must be None or int(s) in [0, {vocab}), got {eos_token_id!r}")
+    automata = row_automata(target, cfg.constraint, n, tuple(int(e) for e in eos), max_new, tree)
     return Request(
         target=target,
         draft=draft,
@@ -392,4 +396,40 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
         shard_draft=cfg.shard_draft,
         config=cfg,
         tree=tree,
+        automata=automata,
     )
+
+
+def row_automata(target: CausalLM, constraint, n: int, eos: tuple[int, ...], max_new: np.ndarray, tree) -> tuple | None:
+    """Each row's compiled constraint (``constraints.compile_constraint``), or None when no row has one.
+    ``constraint``: one for every row, or a list/tuple of N (each may be None). Errors name ``constraint`` (or
+    ``constraint[i]``) and, for a row that cannot finish within its ``max_new_tokens``, ``prompts[i]``."""
+    if constraint is None:
+        return None
+    if isinstance(constraint, (list, tuple)):
+        if len(constraint) != n:
+            raise ValueError(
+                f"constraint: a list must hold one constraint (or None) per prompt: {n}, got {len(constraint)}"
+            )
+        parsed = [constraints.parse(c, f"constraint[{i}]") for i, c in enumerate(constraint)]
+        names = [f"constraint[{i}]" for i in range(n)]
+    else:
+        parsed = [constraints.parse(constraint, "constraint")] * n
+        names = ["constraint"] * n
+    if all(c is None for c in parsed):
+        return None
+    if tree is not None:
+        raise ValueError("constraint: draft trees do not take constraints yet; draft chains (tree=None)")
+    out: list[constraints.Automaton | None] = []
+    for i, (c, name) in enumerate(zip(parsed, names)):
+        if c is None:
+            out.append(None)
+            continue
+        automaton = constraints.compile_constraint(c, target.tokenizer, target.vocab_size, eos, name)
+        if automaton.min_tokens > max_new[i]:
+            raise ValueError(
+                f"prompts[{i}]: its constraint needs at least {automaton.min_tokens} tokens (its end-of-sequence "
+                f"included) and max_new_tokens is {int(max_new[i])}: it could never be completed"
+            )
+        out.append(automaton)
+    return tuple(out)

@@ -39,6 +39,7 @@ class _Counts:
     drafted: int
     accepted: int
     accept_hist: tuple[int, ...]  # accept_hist[n] = verify rounds in which exactly n drafts were accepted; length γ+1
+    forced_tokens: int = 0  # emitted tokens that were the only one their row's constraint allowed
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -70,9 +71,13 @@ class RowStats(_Counts):
         γ+1; for plain decoding, every round in ``accept_hist[0]``). ``rounds - sum(accept_hist)`` is the number
         of plain steps taken while the drafter abstained.
       finish_reason: ``"eos"`` | ``"length"`` (``max_new_tokens``) | ``"cache"`` (end of the KV cache).
+      forced_tokens: with a constraint, the tokens it forced (the only one its state allowed; proposed for free).
+      complete: with a constraint, whether the output matches it in full (False: it stopped inside the
+        structure, at ``max_new_tokens`` or the cache's end); None without one.
     """
 
     finish_reason: str = "running"
+    complete: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,12 +177,13 @@ def build_result(
     wall_time_s: float,
     compile_time_s: float,
     model_names: tuple[str, str],
+    automata: tuple | None = None,
 ) -> GenerationResult:
     """The ``GenerationResult`` of the loop's final ``state`` (rows past ``num_rows`` are batch padding, dropped).
 
     ``gamma`` and ``cache_len`` are the compiled loop's, ``policy`` goes to ``Stats.policy``, ``model_names``
     (target, draft) name the culprit in the error. Raises ``NonFiniteLogitsError`` (result attached) if a model
-    produced non-finite logits for some row.
+    produced non-finite logits for some row. ``automata``: the rows' compiled constraints (``RowStats.complete``).
     """
     host = sharding.to_host(
         (
@@ -192,10 +198,17 @@ def build_result(
             state.accept_hist,
             state.bad_target,
             state.bad_draft,
+            state.forced,
+            None if state.grammar is None else state.grammar.state,
         )
     )
-    tokens, logprobs, length, plen, finish, rounds, drafted, accepted, hist, bad_t, bad_d = host
+    tokens, logprobs, length, plen, finish, rounds, drafted, accepted, hist, bad_t, bad_d, forced, where = host
     n = num_rows
+
+    def complete(b: int) -> bool | None:
+        automaton = None if automata is None else automata[b]
+        return None if automaton is None else bool(automaton.final[int(where[b])])
+
     out_tokens, out_lp, reasons, row_stats = [], [], [], []
     for b in range(n):
         sl = slice(int(plen[b]), int(length[b]))
@@ -209,7 +222,9 @@ def build_result(
                 drafted=int(drafted[b]),
                 accepted=int(accepted[b]),
                 accept_hist=tuple(int(x) for x in hist[b]),
+                forced_tokens=int(forced[b]),
                 finish_reason=reasons[-1],
+                complete=complete(b),
             )
         )
     stats = Stats(
@@ -223,6 +238,7 @@ def build_result(
         drafted=sum(r.drafted for r in row_stats),
         accepted=sum(r.accepted for r in row_stats),
         accept_hist=tuple(int(x) for x in hist[:n].sum(axis=0)),
+        forced_tokens=sum(r.forced_tokens for r in row_stats),
         wall_time_s=wall_time_s,
         compile_time_s=compile_time_s,
         rows=tuple(row_stats),

@@ -43,12 +43,15 @@ def commit(
     bad_draft,
     target_cache,
     draft_state,
+    forced=None,
+    grammar=None,
 ) -> State:
     """The end of a round (chain or tree): each running row appends ``cand [B, K]``'s first ``n + 1`` tokens (``n``
     accepted drafts, then the correction or bonus token) with their log-probabilities ``token_logprobs [B, K]``,
     cut after the first EOS and at ``max_new`` and ``cache_len``; ``finish``, the counters (``drafted`` drafts per
     running row, the histogram of ``n`` for ``full_rows`` when ``full``) and the flags follow; the caches are
-    replaced."""
+    replaced. With a constraint: ``forced [B, K] bool`` marks positions whose state allowed one token (counted
+    where emitted) and ``grammar`` is the rows' automata at their states after the round."""
     size, batch, width = spec.cache_len, state.tokens.shape[0], cand.shape[1]
     rows = jnp.arange(batch)
     active = ~state.done
@@ -95,7 +98,10 @@ def commit(
         + (full_rows.astype(jnp.int32)[:, None] * jax.nn.one_hot(n, spec.gamma + 1, dtype=jnp.int32) if full else 0),
         bad_target=state.bad_target | bad_target,
         bad_draft=state.bad_draft | bad_draft,
+        forced=state.forced
+        + (0 if forced is None else jnp.sum(forced & (offsets[None] < count[:, None]), axis=1, dtype=jnp.int32)),
         target_cache=target_cache,
         draft_state=draft_state,
+        grammar=state.grammar if grammar is None else grammar,
     )
     return constrain_state(spec, state)

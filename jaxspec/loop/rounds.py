@@ -13,13 +13,15 @@ accepted drafts plus one corrected/bonus token, truncated at EOS, ``max_new_toke
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from jaxspec.core.grammar import Grammar
 from jaxspec.core.sampling import SamplingParams, warp
-from jaxspec.drafters.base import bad_logits
+from jaxspec.drafters.base import Proposal, bad_logits
 from jaxspec.loop.commit import commit, target_pass
 from jaxspec.loop.state import (
     FINISH_PADDING,
@@ -94,6 +96,7 @@ def prefill(spec: LoopSpec, target_params, draft_params, inputs: LoopInputs) -> 
         **zero_counters(spec, batch),
         target_cache=target_cache,
         draft_state=draft_state,
+        grammar=inputs.grammar,
     )
     return constrain_state(spec, state)
 
@@ -110,20 +113,27 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     each row's number of drafts (``Proposal.lengths``), the round verifies over the smallest of its
     ``verify_widths`` that holds every running row's drafts (``lax.switch``), each row up to its own length."""
     if spec.drafter.tree is not None:
+        if state.grammar is not None:
+            raise ValueError("constraints (grammar) are not supported with draft trees; draft chains instead")
         return tree_round(spec, target_params, draft_params, state)
     gamma = spec.gamma
     round_keys = jax.vmap(lambda k, r: jax.random.split(jax.random.fold_in(k, r), gamma + 1))(
         state.row_keys, state.rounds
     )
+    sampling = state.sampling
+    if state.grammar is not None:  # the drafter masks its draws by each row's state, advanced along them
+        sampling = dataclasses.replace(sampling, grammar=state.grammar)
     proposal = spec.drafter.draft(
         draft_params,
         state.draft_state,
         state.tokens,
         state.length,
-        state.sampling,
+        sampling,
         round_keys[:, :gamma],
         spec.vocab_size,
     )
+    if state.grammar is not None and gamma > 0:
+        proposal = _forced(state.grammar, proposal)
     if gamma > 0 and proposal.lengths is not None:
         widths = sorted({w for w in spec.drafter.verify_widths(gamma) if 0 <= w < gamma} | {gamma})
         lengths = jnp.clip(proposal.lengths, 0, gamma)
@@ -148,6 +158,25 @@ def round_step(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
     )
 
 
+def _forced(grammar: Grammar, proposal: Proposal) -> Proposal:
+    """``proposal`` with each draft whose state (along the drafts) allows a single token replaced by that token,
+    drawn with q = 1: whatever the drafter proposed (prompt lookup's copies included), the target's masked
+    distribution is one-hot there too, so the token is accepted for certain and a JSON skeleton costs no
+    rejections. Exact: each later draft is still drawn from the q it carries, independently of the verifier."""
+    vocab = proposal.q.shape[-1]
+
+    def one(state, xs):
+        tok, q = xs
+        here = grammar.at(state)
+        only, token = here.forced()
+        tok = jnp.where(only, token, tok)
+        q = jnp.where(only[:, None], jax.nn.one_hot(token, vocab, dtype=q.dtype), q)
+        return here.step(tok), (tok, q)
+
+    _, (tokens, q) = jax.lax.scan(one, grammar.state, (proposal.tokens.T, jnp.swapaxes(proposal.q, 0, 1)))
+    return proposal._replace(tokens=tokens.T, q=jnp.swapaxes(q, 0, 1))
+
+
 def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, limits=None) -> State:
     """The rest of a round: the target pass over ``[last, proposal's drafts]`` (no drafts: a plain step), the
     rejection sampler, the emitted tokens and the counters (drafts and the accept histogram only for a round that
@@ -169,6 +198,12 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, l
     if feats is not None:
         draft_state = spec.drafter.observe(draft_state, feats, positions)
     logits = logits.astype(jnp.float32)
+    raw = logits
+    grammar, forced = state.grammar, None
+    if grammar is not None:  # position j is masked by the row's state after its drafts d_1..d_j
+        states = grammar.path(drafts)
+        logits = grammar.at(states).mask(logits)
+        forced = grammar.at(states).forced()[0]
     p = warp(logits, state.sampling)
     if limits is None:
         n, nxt = spec.acceptance(round_keys[:, spec.gamma], drafts, q, p)
@@ -181,7 +216,10 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, l
     cand = jnp.where(offsets[None] < n[:, None], jnp.concatenate([drafts, nxt[:, None]], axis=1), nxt[:, None])
     token_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), cand[:, :, None], axis=-1)[..., 0]
     used = offsets[None] <= n[:, None]  # target positions that decided something this round
-    bad_target = active & jnp.any(bad_logits(logits) & used, axis=1)
+    bad_target = active & jnp.any(bad_logits(raw) & used, axis=1)
+    if grammar is not None:  # each row's state after its accepted drafts and the correction or bonus token
+        after = grammar.at(states[jnp.arange(batch), n]).step(nxt)
+        grammar = grammar.at(jnp.where(active, after, grammar.state))
     return commit(
         spec,
         state,
@@ -195,6 +233,8 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, l
         bad_draft=active & bad_draft,
         target_cache=target_cache,
         draft_state=draft_state,
+        forced=forced,
+        grammar=grammar,
     )
 
 

@@ -89,6 +89,8 @@ class LoopInputs:
       seeds, row_ids: ``[B] uint32``; a row's PRNG key is ``fold_in(key(seeds[b]), row_ids[b])``.
       eos: ``[B, E] int32`` each row's end-of-sequence ids; ``-1`` marks an unused entry.
       sampling: temperature / top-k / top-p, ``[B]`` each (one value per row).
+      grammar: None, or each row's constraint automaton at its initial state (``jaxspec.core.grammar.Grammar``,
+        ``state [B]``): every token the target and the drafter draw is masked by its row's state.
     """
 
     prompt: jax.Array
@@ -99,6 +101,7 @@ class LoopInputs:
     row_ids: jax.Array
     eos: jax.Array
     sampling: SamplingParams
+    grammar: Any = None
 
 
 @jax.tree_util.register_dataclass
@@ -124,8 +127,10 @@ class State:
       accept_hist: ``[B, γ+1] int32`` rounds by number of accepted drafts.
       bad_target: ``[B] bool``: target logits that decided a token had a NaN or +inf, or no finite entry.
       bad_draft: ``[B] bool``: likewise for any draft-model step (never set by prompt lookup).
+      forced: ``[B] int32`` emitted tokens that were the only token their row's constraint allowed.
       target_cache: the target's cache pytree (``init_cache(B, S)``).
       draft_state: the drafter's state (a draft model's KV cache), or None for drafters without one.
+      grammar: None, or the rows' constraint automata at each row's state after its tokens so far.
     """
 
     tokens: jax.Array
@@ -144,8 +149,10 @@ class State:
     accept_hist: jax.Array
     bad_target: jax.Array
     bad_draft: jax.Array
+    forced: jax.Array
     target_cache: Any
     draft_state: Any
+    grammar: Any = None
 
 
 _CACHE_FIELDS = ("target_cache", "draft_state")
@@ -181,7 +188,8 @@ def constrain_state(spec: LoopSpec, state: State) -> State:
 
 
 def zero_counters(spec: LoopSpec, batch: int) -> dict:
-    """The per-row statistics of a fresh state: rounds, drafts, acceptances, their histogram, bad-logit flags."""
+    """The per-row statistics of a fresh state: rounds, drafts, acceptances, their histogram, bad-logit flags,
+    forced tokens."""
     zeros = jnp.zeros((batch,), jnp.int32)
     return dict(
         rounds=zeros,
@@ -190,4 +198,5 @@ def zero_counters(spec: LoopSpec, batch: int) -> dict:
         accept_hist=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
         bad_target=jnp.zeros((batch,), bool),
         bad_draft=jnp.zeros((batch,), bool),
+        forced=zeros,
     )

@@ -287,6 +287,31 @@ def test_batch_both_formats_records_and_summary(pair, tmp_path, capsys):
     assert table["total"][6] == "-"  # no --compare: the speed-up is not measured
 
 
+def test_batch_lines_take_constraints(pair, tmp_path, capsys):
+    """A "constraint" per JSONL line (choices, a regex, none): each record equals the constrained generate call and
+    says whether its output is complete; a constraint the engine refuses names the line's id."""
+    rules = [{"choices": ["x + 1", "return x"]}, {"regex": "(def|ret)+"}, None]
+    lines = [{"id": i, "prompt": prompt(i), **({"constraint": r} if r else {})} for i, r in enumerate(rules)]
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--input", write_jsonl(tmp_path / "in.jsonl", lines), "--output", str(out), *models(pair)]
+    assert cli.main([*argv, "--batch-size", "2"]) == 0
+    records = sorted(read_records(out), key=lambda r: r["id"])
+    alone = jaxspec.generate(
+        pair["target"],
+        [prompt(i) for i in range(3)],
+        draft=pair["draft"],
+        max_new_tokens=MAX_NEW,
+        temperature=0.0,
+        constraint=rules,
+    )
+    assert [r["token_ids"] for r in records] == alone.tokens
+    assert records[0]["text"] in ("x + 1", "return x") and records[0]["complete"] is True
+    assert "complete" in records[1] and "complete" not in records[2]
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "q9", "prompt": "def", "constraint": {"regex": "("}}])
+    assert cli.main(["generate", "--input", bad, "--output", str(tmp_path / "o2.jsonl"), *models(pair)]) == 2
+    assert "(id 'q9'): constraint[0]: the constraint cannot be compiled" in capsys.readouterr().err
+
+
 def test_compare_measures_speedup_and_plot_writes_png(pair, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     inp, _ = mixed_input(tmp_path / "in.jsonl", n=4)

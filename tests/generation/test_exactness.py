@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 import scipy.special
 import scipy.stats
+from helpers import five_token_tokenizer
 
 import jaxspec
 from jaxspec import llama
@@ -772,3 +773,107 @@ def test_negative_control_tree_rule_is_rejected(target, eagle_head, target_logit
         acceptance=_WrongTreeRule(rule),
     )
     assert p_value < 1e-6, f"the test failed to detect the tree rule {rule!r} (p={p_value:.3g})"
+
+
+# --------------------------------------------------------------------------------------------- constraints
+# A constraint masks the target and the drafter by each row's automaton state: the output must follow the masked,
+# renormalized target. Over the five ids a, b, c, ab, </s> (EOS) the regex (a|b)+c? gives, by hand: at the start
+# a, b or ab; after them any of a, b, ab, c or the EOS; after c only the EOS (forced). Outputs end at the EOS, so the
+# outcomes are the sequences of up to 3 tokens, enumerated with their probabilities from the full-sequence logits.
+
+CONSTRAINT = jaxspec.Regex("(a|b)+c?")
+EOS_ID = 4
+
+
+def _allowed_after(prefix: tuple[int, ...]) -> np.ndarray:
+    """The ids the regex allows after ``prefix`` (the hand-made automaton above, not jaxspec's)."""
+    allowed = np.zeros(VOCAB, bool)
+    if not prefix:
+        allowed[[0, 1, 3]] = True
+    elif prefix[-1] == 2:  # after c: the end
+        allowed[EOS_ID] = True
+    else:
+        allowed[[0, 1, 2, 3, EOS_ID]] = True
+    return allowed
+
+
+def constrained_outcomes(ctx_logits, temperature) -> dict[tuple[int, ...], float]:
+    """``{outcome: probability}`` over the outputs of up to 3 tokens (ending at the EOS or at the third token)."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(prefix: tuple[int, ...], prob: float) -> None:
+        if len(prefix) == NEW_TOKENS or (prefix and prefix[-1] == EOS_ID):
+            out[prefix] = prob
+            return
+        a, b = (prefix + (0, 0))[:2]
+        row = np.where(_allowed_after(prefix), ctx_logits[a, b, len(prefix)], -np.inf)
+        for token, p in enumerate(ref_warp_row(row, temperature)):
+            if p > 0:
+                walk(prefix + (token,), prob * p)
+
+    walk((), 1.0)
+    return out
+
+
+def run_constrained(target, drafter, ctx_logits, *, gamma, temperature, seed, acceptance=None):
+    """``NUM_SAMPLES`` constrained samples in one call against ``constrained_outcomes``: ``(p_value over the allowed
+    outputs, result, counts per outcome with the disallowed outputs' count last)``."""
+    model = dataclasses.replace(target, tokenizer=five_token_tokenizer(), eos_token_id=EOS_ID)
+    expected = constrained_outcomes(ctx_logits, temperature)
+    outcomes = list(expected)
+    kwargs = {} if acceptance is None else {"acceptance": acceptance}
+    result = jaxspec.generate(
+        model,
+        [PROMPT] * NUM_SAMPLES,
+        draft=drafter,
+        gamma=gamma,
+        max_new_tokens=NEW_TOKENS,
+        temperature=temperature,
+        seed=seed,
+        constraint=CONSTRAINT,
+        **kwargs,
+    )
+    index = {o: i for i, o in enumerate(outcomes)}
+    counts = np.zeros(len(outcomes) + 1)  # the last cell: outputs the constraint does not allow (expected 0)
+    for tokens in result.tokens:
+        counts[index.get(tuple(tokens), len(outcomes))] += 1
+    probs = np.asarray([expected[o] for o in outcomes])
+    p_value, stat, bins = chisquare_merged(counts[:-1], probs)  # over the allowed outputs
+    print(f"constrained gamma={gamma} T={temperature}: chi2={stat:.1f} bins={bins} p={p_value:.3g} ", counts[-1])
+    return p_value, result, counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter,temperature,gamma", [("draft", 1.0, 3), ("draft", 0.6, 1), ("lookup", 1.0, 2)])
+def test_constrained_sampling_is_exact(request, target, target_logits, drafter, temperature, gamma):
+    """A draft model (masked as it drafts) and prompt lookup (its copies replaced where a token is forced): the
+    output follows the masked target, never leaves the constraint, and forced tokens are counted."""
+    draw = request.getfixturevalue("draft") if drafter == "draft" else "prompt_lookup"
+    p_value, result, counts = run_constrained(
+        target, draw, target_logits, gamma=gamma, temperature=temperature, seed=9500 + gamma
+    )
+    assert counts[-1] == 0, "an output the constraint does not allow"
+    assert p_value > ALPHA, f"constrained output does not follow the masked target (p={p_value:.3g})"
+    assert result.stats.forced_tokens > 0  # every EOS after a c was forced
+    assert all(r.complete for r in result.stats.rows)  # (a|b)+c? matches every allowed output of 1 to 3 tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recompiled(RejectionSampler):
+    """The exact rule under another name: a loop spec of its own, so a patched loop is traced afresh."""
+
+    tag: str = "stale-mask"
+
+
+@pytest.mark.slow
+def test_negative_control_target_masked_by_a_stale_state_is_rejected(target, draft, target_logits, monkeypatch):
+    """The bug other engines have: the target's positions masked by the row's state at the round's start instead of
+    its state along the drafts. The same test must catch it."""
+    from jaxspec.core.grammar import Grammar
+
+    monkeypatch.setattr(Grammar, "path", lambda self, tokens: jnp.repeat(self.state[:, None], tokens.shape[1] + 1, 1))
+    p_value, _, counts = run_constrained(
+        target, draft, target_logits, gamma=3, temperature=1.0, seed=9600, acceptance=_Recompiled()
+    )
+    # the test above fails: outputs the constraint does not allow, or a distribution far from the masked target's
+    assert counts[-1] > 0 or p_value < 1e-10, f"the test failed to detect a stale mask (p={p_value:.3g})"

@@ -212,7 +212,10 @@ def _shared_loads(monkeypatch) -> None:
 def test_python_examples_run_as_written(tmp_path, monkeypatch):
     """Every page in one process, each in its own namespace and directory: pages that run the same model at the
     same shapes share its compiled programs, and loads and blocks that repeat an earlier page's share its result
-    (``_shared_loads``, ``_run_page``), as a user's session would."""
+    (``_shared_loads``, ``_run_page``), as a user's session would. Models load with their layers stacked
+    (``$JAXSPEC_LAYERS``): the same API for a fifth of the compile time (that the split layout users decode with
+    computes the same model is tests/models/test_families.py's)."""
+    monkeypatch.setenv("JAXSPEC_LAYERS", "stacked")
     _shared_loads(monkeypatch)
     ran: dict = {}
     for page in _python_pages():
