@@ -13,7 +13,7 @@ import os
 import jax
 
 import jaxspec.bench
-from jaxspec.bench import continuous, humaneval, lookup, mesh, quant, shipped, single, sweep
+from jaxspec.bench import continuous, humaneval, lookup, mesh, quant, shipped, single, structured, sweep
 from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
@@ -29,6 +29,7 @@ MODES = {
     "lookup": lookup.run,
     "humaneval": humaneval.run,
     "quant": quant.run,
+    "structured": structured.run,
     "continuous": continuous.run,
 }
 
@@ -189,6 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="SmolLM2-135M-Instruct in float32, int8 and w8a8 (jaxspec.quantize): weight bytes, load time, step and "
         "v over 3/5/9 tokens interleaved, argmax agreement and KL against float32 on the first --humaneval-prompts "
         "(default 20) HumanEval prompts",
+    )
+    p.add_argument(
+        "--structured",
+        dest="mode",
+        action="store_const",
+        const="structured",
+        help="structured output: held-out stdlib functions described as JSON {name, args, returns} by SmolLM2-135M-"
+        "Instruct, batch 1, greedy: plain without and with the constraint, the EAGLE head and prompt lookup with it; "
+        "validity, α, τ, forced tokens, speed-up over constrained plain",
+    )
+    p.add_argument(
+        "--structured-prompts", type=int, default=24, metavar="N", help="--structured: the first N functions"
     )
     p.add_argument(
         "--quantize",

@@ -44,14 +44,15 @@ def commit(
     target_cache,
     draft_state,
     forced=None,
-    grammar=None,
+    grammar_path=None,
 ) -> State:
     """The end of a round (chain or tree): each running row appends ``cand [B, K]``'s first ``n + 1`` tokens (``n``
     accepted drafts, then the correction or bonus token) with their log-probabilities ``token_logprobs [B, K]``,
     cut after the first EOS and at ``max_new`` and ``cache_len``; ``finish``, the counters (``drafted`` drafts per
     running row, the histogram of ``n`` for ``full_rows`` when ``full``) and the flags follow; the caches are
     replaced. With a constraint: ``forced [B, K] bool`` marks positions whose state allowed one token (counted
-    where emitted) and ``grammar`` is the rows' automata at their states after the round."""
+    where emitted) and ``grammar_path [B, K+1]`` is each row's state after k of ``cand``'s tokens: a row takes the
+    state after the tokens it emitted (a cut at ``max_new`` leaves no token unaccounted for)."""
     size, batch, width = spec.cache_len, state.tokens.shape[0], cand.shape[1]
     rows = jnp.arange(batch)
     active = ~state.done
@@ -102,6 +103,8 @@ def commit(
         + (0 if forced is None else jnp.sum(forced & (offsets[None] < count[:, None]), axis=1, dtype=jnp.int32)),
         target_cache=target_cache,
         draft_state=draft_state,
-        grammar=state.grammar if grammar is None else grammar,
+        grammar=state.grammar
+        if grammar_path is None
+        else state.grammar.at(jnp.where(active, grammar_path[rows, count], state.grammar.state)),
     )
     return constrain_state(spec, state)

@@ -217,9 +217,11 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, l
     token_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), cand[:, :, None], axis=-1)[..., 0]
     used = offsets[None] <= n[:, None]  # target positions that decided something this round
     bad_target = active & jnp.any(bad_logits(raw) & used, axis=1)
-    if grammar is not None:  # each row's state after its accepted drafts and the correction or bonus token
-        after = grammar.at(states[jnp.arange(batch), n]).step(nxt)
-        grammar = grammar.at(jnp.where(active, after, grammar.state))
+    path = None
+    if grammar is not None:  # the state after each number of emitted tokens: d_1..d_n, then the correction/bonus
+        after = grammar.at(states[rows, n]).step(nxt)
+        ahead = jnp.concatenate([states, after[:, None]], axis=1)
+        path = jnp.where(jnp.arange(gamma + 2)[None] <= n[:, None], ahead, after[:, None])
     return commit(
         spec,
         state,
@@ -234,7 +236,7 @@ def _verify(spec: LoopSpec, target_params, state: State, proposal, round_keys, l
         target_cache=target_cache,
         draft_state=draft_state,
         forced=forced,
-        grammar=grammar,
+        grammar_path=path,
     )
 
 

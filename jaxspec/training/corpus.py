@@ -52,6 +52,14 @@ def is_heldout(name: str) -> bool:
     return int(hashlib.sha1(name.encode()).hexdigest(), 16) % 100 < HELD_OUT_PERCENT
 
 
+def stdlib_files(split: str) -> list[tuple[str, Path]]:
+    """``(name, path)`` of the standard library's ``"train"`` or ``"heldout"`` source files (no documentation
+    sources needed), in a stable order."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    return [f for f in _stdlib_files() if is_heldout(f[0]) == (split == "heldout")]
+
+
 def corpus_files(split: str) -> list[tuple[str, Path]]:
     """``(name, path)`` of the ``"train"`` or ``"heldout"`` files, in a stable order (names ``stdlib/...``,
     ``docs/...``). Raises ``ValueError`` for another split, ``FileNotFoundError`` without the documentation sources."""

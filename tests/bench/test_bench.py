@@ -364,3 +364,24 @@ def test_humaneval_flags_and_head_modes(small_draft):
 
     scaled = _kwargs("eagle~0.75", "draft", 4, policies, Head(), 2)  # one of several scales, at the head's γ
     assert scaled == dict(draft=Head(0.75), gamma=2)
+
+
+def test_structured_workload_is_held_out_and_validity_is_checked_by_hand():
+    """--structured: its functions come from held-out standard-library files only, and ``valid`` accepts a JSON
+    object of the schema and refuses each way of missing it (key order, a non-identifier, a missing key, bad JSON)."""
+    from jaxspec.bench import structured
+    from jaxspec.training import corpus
+
+    funcs = structured.functions(3)
+    held_out = {corpus.read_text(p) for _, p in corpus.stdlib_files("heldout")}
+    assert len(funcs) == 3 and all(any(f["source"] in text for text in held_out) for f in funcs)
+    good = '{"name": "f", "args": ["x", "y_1"], "returns": "a sum"}'
+    assert structured.valid(good)
+    for bad in (
+        '{"args": [], "name": "f", "returns": ""}',
+        '{"name": "f", "args": ["1x"], "returns": ""}',
+        '{"name": "f", "args": []}',
+        '{"name": "f", "args": [], "returns": "x"',
+        '{"name": "f g", "args": [], "returns": ""}',
+    ):
+        assert not structured.valid(bad), bad

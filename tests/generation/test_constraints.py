@@ -1,13 +1,13 @@
 """Structured output: constraints compiled to device automata (``jaxspec.generation.constraints``,
 ``jaxspec.core.grammar``), greedy speculation under a constraint equal to constrained plain decoding (generate,
 stream, the engine), and the errors a request gets before anything compiles. The statistical exactness of sampling
-under a constraint, with its negative control, is tests/generation/test_exactness.py's."""
+under a constraint, with its negative control, is tests/generation/test_exactness.py's; a JSON schema on the real
+model with its EAGLE head runs in docs/guides/generation.md (tests/integration/test_examples.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import re
 
 import jax.numpy as jnp
@@ -163,25 +163,60 @@ def test_budget_refuses_a_huge_automaton(tokenizer, monkeypatch):
         constraints.compile_constraint(jaxspec.Regex("(a|b)+c?"), tokenizer, 5, (EOS,), "constraint")
 
 
-@pytest.mark.real
-@pytest.mark.slow
-def test_json_schema_on_smollm2_with_its_head(monkeypatch):
-    """The real model (layers stacked: a fifth of the compile time) and its EAGLE head: a JSON schema and a
-    choice, greedy speculative == plain, the JSON parses and has the schema's keys in order."""
-    monkeypatch.setenv("JAXSPEC_LAYERS", "stacked")
-    target = jaxspec.load("smollm2-135m-instruct")
-    head = jaxspec.eagle.load("jaxspec/smollm2-eagle", target)
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 20}, "year": {"type": "integer"}},
-        "required": ["name", "year"],
-    }
-    prompts = ["Give the name and release year of Python as JSON.", "Is 'I loved it' positive or negative?"]
-    rules = [jaxspec.JsonSchema(schema), jaxspec.Choice(["positive", "negative"])]
-    kw = dict(max_new_tokens=40, temperature=0.0, constraint=rules)
-    plain = jaxspec.generate(target, prompts, **kw)
-    spec = jaxspec.generate(target, prompts, draft=head, **kw)
-    assert spec.tokens == plain.tokens
-    assert list(json.loads(spec.texts[0])) == ["name", "year"]
-    assert spec.texts[1] in ("positive", "negative")
-    assert [r.complete for r in spec.stats.rows] == [True, True]
+def _replay(automaton, tokens: list[int]) -> tuple[int, int]:
+    """(state, forced tokens) after ``tokens`` from the initial state, on the host table."""
+    state, forced = 0, 0
+    for t in tokens:
+        row = automaton.next_state[state]
+        forced += int(np.sum(row[automaton.token_class] >= 0) == 1)
+        state = int(row[automaton.token_class[t]])
+        assert state >= 0
+    return state, forced
+
+
+def test_state_after_rejections_equals_a_replay_of_the_emitted_tokens(pair):
+    """Sampled rows with a random draft (many rejections): each row's device state at the end, and its count of
+    forced tokens, equal a from-scratch replay of its emitted tokens."""
+    from jaxspec.generation import generate as gen
+
+    target, draft = pair
+    prompts = [[0, 1], [3], [2, 2, 0], [1, 1, 1]]
+    rule = jaxspec.Regex("((a|b)+c)+")
+    prep = gen.prepare(
+        target, prompts, draft=draft, gamma=3, max_new_tokens=12, temperature=1.0, seed=5, constraint=rule
+    )
+    state, _, _ = gen.run(prep)
+    result = gen.finish(prep, state, 0.0, 0.0)
+    assert 0 < result.stats.acceptance_rate < 1  # rejections happened
+    automaton = prep.automata[0]
+    device = np.asarray(state.grammar.state)
+    assert set(result.finish_reasons) == {"eos", "length"}  # rows cut at max_new_tokens, some inside a round
+    for b, tokens in enumerate(result.tokens):
+        replayed, forced = _replay(automaton, tokens)  # the EOS, allowed in a final state only, keeps it
+        assert device[b] == replayed, (b, tokens)
+        assert result.stats.rows[b].forced_tokens == forced
+        assert result.stats.rows[b].complete == bool(automaton.final[replayed])
+
+
+def test_forced_tokens_are_accepted_for_certain(pair):
+    """``c`` is the only id that writes "c": under c{5} every token is forced (the EOS last), so a random draft's
+    every draft is accepted (q = 1 on the forced token, and the masked target puts all its mass there)."""
+    target, draft = pair
+    res = jaxspec.generate(
+        target, [[0], [1, 3]], draft=draft, gamma=2, max_new_tokens=8, temperature=1.0, constraint=jaxspec.Regex("c{5}")
+    )
+    assert res.tokens == [[2] * 5 + [EOS]] * 2
+    assert res.stats.accepted == res.stats.drafted > 0
+    assert res.stats.forced_tokens == 12
+
+
+def test_a_new_constraint_of_the_same_bucket_compiles_nothing(pair):
+    from helpers import count_compiles
+
+    target, draft = pair
+    kw = dict(draft=draft, gamma=2, max_new_tokens=6, temperature=0.0)
+    jaxspec.generate(target, [[0, 1]], constraint=jaxspec.Regex("(a|b)+c?"), **kw)
+    with count_compiles() as counts:
+        res = jaxspec.generate(target, [[0, 1]], constraint=jaxspec.Choice(["abc", "ca"]), **kw)
+    assert counts["compiles"] == 0
+    assert res.stats.rows[0].complete is not None
