@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quantize",
         choices=["int8", "w8a8"],
-        help="--humaneval: load the target and the draft model quantized (jaxspec.quantize)",
+        help="--humaneval, --structured: load the target (and the draft model) quantized (jaxspec.quantize)",
     )
     p.add_argument("--humaneval-prompts", type=int, metavar="N", help="--humaneval: the first N of the 164 problems")
     p.add_argument(

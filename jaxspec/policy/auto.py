@@ -40,6 +40,10 @@ best γ and plain decoding for estimates within 5 %. Both bounds are the goal ``
 (docs/history/gamma-auto.md); a larger margin would leave more of a real gain on the table, a smaller one would
 follow noise in the estimates.
 
+Between calls, the last call's γ stays unless another is expected ``KEEP_GAIN`` times as fast (estimates move by a
+few per cent from call to call; each γ's first call compiles its loop: SmolLM2's first four auto calls went γ = 2, 4,
+2, 2 for an expected gain of 2 %, paying a second loop's 15 s compile).
+
 Inside an engine run, ``decide(running=γ)`` re-decides at refills (``jaxspec.generation.regamma``): another γ when
 expected ``SWITCH_GAIN`` times as fast, plain decoding when the running γ is expected to be slower than plain.
 
@@ -75,6 +79,9 @@ REFERENCE_EVERY = 8  # then after every REFERENCE_EVERY-th call
 # each change converts the run's state (compiling the conversion and the new loop on first use) and restarts the
 # in-flight rows' accept histograms, which a flip between two nearly equal γ would pay for nothing.
 SWITCH_GAIN = 1.02
+# Between calls, the last call's γ stays unless another is expected this much faster: estimates move by a few per cent
+# from call to call (the margin's 5 %), and each γ's first call compiles its loop.
+KEEP_GAIN = 1.05
 
 
 @dataclasses.dataclass
@@ -135,12 +142,14 @@ class BatchState:
       longest_tokens: Σ over the same calls of the longest row's generated tokens.
       plain_streak: plain decisions in a row since the last speculative (or probing) one.
       probe_wait: plain decisions in a row after which to probe (doubles after each probe; None: never probe).
+      last_gamma: the γ the last call decided (0: plain decoding).
     """
 
     passes_tau: float = 0.0
     longest_tokens: int = 0
     plain_streak: int = 0
     probe_wait: int | None = None
+    last_gamma: int = 0
 
     def straggler(self) -> float:
         """Rounds a batch needs ÷ the mean row's rounds: passes_tau ÷ longest_tokens, at least 1 (1 before any)."""
@@ -504,6 +513,11 @@ class AutoGamma:
             reason = f"γ={best} expected {gains[best]:.2f}× plain"
             chosen = best
             state = self._batch(target, draft, greedy, batch)
+            last = state.last_gamma
+            if last in gains and last != best and gains[last] >= self.margin and gains[best] < KEEP_GAIN * gains[last]:
+                chosen = last  # KEEP_GAIN
+                reason = f"γ={last} expected {gains[last]:.2f}× plain: kept (γ={best}: {gains[best]:.2f}×, "
+                reason += "within the margin)"
             state.plain_streak, state.probe_wait = 0, self.explore_after
         else:
             state = self._batch(target, draft, greedy, batch)
@@ -529,6 +543,7 @@ class AutoGamma:
             if not probe:
                 state.plain_streak += 1
         if not running:
+            self._batch(target, draft, greedy, batch).last_gamma = chosen
             self._forget(self._pair(target, draft, greedy))
         return Decision(
             chosen,

@@ -127,3 +127,29 @@ def test_the_reference_is_timed_only_while_it_is_needed(target, small_draft, mon
     assert recorded[:first] == [True] * first
     assert [i for i, r in enumerate(recorded) if r] == [*range(first), *range(first - 1 + every, 20, every)]
     assert policy.observe_call(target, small_draft, 1, 64, 0, rounds=(0.64, 64))  # another γ counts apart
+
+
+def test_the_last_calls_gamma_stays_unless_another_is_clearly_faster(target, small_draft):
+    """Two γ whose expected speed-ups differ by under ``KEEP_GAIN``: the call after one at γ = 2 keeps γ = 2 (its
+    loop compiled) though γ = 4 is estimated 2 % faster; once γ = 4 is estimated ≥ 5 % faster it moves. Negative
+    control: a fresh policy with the same figures picks γ = 4 (the best estimate), so the keeping is the rule's."""
+    # 200 drafts at γ = 2 (0.85 accepted, blended with the prior): rounds of 2.0 and 2.8 plain steps put γ = 4
+    # about 2 % ahead (1.28× against 1.30×); rounds of 2.0 and 2.5, 14 % ahead
+    close = Costs(c=0.1, v={2: 1.2, 4: 1.4}, prefill=0.0, round={2: 2.0, 4: 2.8})
+    hist = (10, 10, 80)
+
+    def policy_with(costs, last=None):
+        p = AutoGamma(gammas=(2, 4), keep_costs=False, half_life=None)
+        p.set_costs(target, small_draft, 1, 64, costs)
+        p.observe(target, small_draft, True, accepted=170, drafted=200, accept_hist=hist)
+        if last is not None:
+            p._batch(target, small_draft, True, 1).last_gamma = last
+        return p
+
+    fresh = policy_with(close).decide(target, small_draft, 1, 64, 256, True)
+    assert fresh.gamma == 4 and 1 < fresh.expected_speedup[4] / fresh.expected_speedup[2] < auto_lib.KEEP_GAIN
+    kept = policy_with(close, last=2).decide(target, small_draft, 1, 64, 256, True)
+    assert kept.gamma == 2 and "kept" in kept.reason
+    clear = Costs(c=0.1, v={2: 1.2, 4: 1.4}, prefill=0.0, round={2: 2.0, 4: 2.5})
+    moved = policy_with(clear, last=2).decide(target, small_draft, 1, 64, 256, True)
+    assert moved.gamma == 4 and moved.expected_speedup[4] >= auto_lib.KEEP_GAIN * moved.expected_speedup[2]
