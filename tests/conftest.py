@@ -7,13 +7,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# The suite compiles hundreds of small programs whose run time is negligible, so compiling is most of its time:
-# XLA:CPU's cheapest settings (no LLVM optimisation, no fusion emitters) halve it. What a program computes does not
-# change (greedy comparisons and parity tolerances pass either way); programs users build (CLI, bench, notebooks
-# run by hand) compile with XLA's defaults. Subprocesses the tests start (CLI, multi-host, notebooks) inherit them.
-TEST_XLA_FLAGS = (
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
-)
+# XLA:CPU's cheapest settings for the suite's compiles (helpers.TEST_XLA_FLAGS says why), set before the backend
+# starts; subprocesses the tests start (CLI, multi-host) inherit them.
+from helpers import TEST_XLA_FLAGS  # noqa: E402
+
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import jax  # noqa: E402

@@ -1,5 +1,6 @@
-"""Test utilities shared by every test package: where the fixtures are; tiny model configs; counting XLA
-compilations; tiny Hugging Face tokenizers; a model resized to another vocabulary size; chunked cached decoding."""
+"""Test utilities shared by every test package: where the fixtures are; the suite's XLA flags; tiny model configs;
+counting XLA compilations; tiny Hugging Face tokenizers; a model resized to another vocabulary size; chunked cached
+decoding."""
 
 import contextlib
 from pathlib import Path
@@ -12,6 +13,14 @@ import numpy as np
 from jaxspec.models import llama
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
+# The suite compiles hundreds of small programs whose run time is negligible, so compiling is most of its time:
+# XLA:CPU's cheapest settings (no LLVM optimisation, no fusion emitters) halve it. What a program computes does not
+# change (greedy comparisons and parity tolerances pass either way); programs users build (CLI, bench, notebooks
+# run by hand) compile with XLA's defaults, and so do the tests that decode the real model for hundreds of tokens
+# (the docs' examples, the notebooks), whose unoptimised programs would run 3x slower.
+TEST_XLA_FLAGS = (
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+)
 FIXTURES_DIR = ROOT / "tests" / "fixtures"  # every test package's data
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"

@@ -17,15 +17,17 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import os
 import re
 import shlex
+import subprocess
 import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, TEST_XLA_FLAGS
 
 PAGES = sorted(
     [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")],
@@ -207,22 +209,45 @@ def _shared_loads(monkeypatch) -> None:
         monkeypatch.setattr(owner, "load", load)
 
 
+def run_all_pages(work: Path) -> None:
+    """Every page in one process, each in its own namespace and directory under ``work``: pages that run the same
+    model at the same shapes share its compiled programs, and loads and blocks that repeat an earlier page's share
+    its result (``_shared_loads``, ``_run_page``), as a user's session would."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _shared_loads(monkeypatch)
+        ran: dict = {}
+        for page in _python_pages():
+            directory = work / page.stem
+            directory.mkdir()
+            monkeypatch.chdir(directory)  # examples that write files write them here
+            _run_page(page, monkeypatch, ran)
+
+
 @pytest.mark.real
 @pytest.mark.slow
-def test_python_examples_run_as_written(tmp_path, monkeypatch):
-    """Every page in one process, each in its own namespace and directory: pages that run the same model at the
-    same shapes share its compiled programs, and loads and blocks that repeat an earlier page's share its result
-    (``_shared_loads``, ``_run_page``), as a user's session would. Models load with their layers stacked
-    (``$JAXSPEC_LAYERS``): the same API for a fifth of the compile time (that the split layout users decode with
-    computes the same model is tests/models/test_families.py's)."""
-    monkeypatch.setenv("JAXSPEC_LAYERS", "stacked")
-    _shared_loads(monkeypatch)
-    ran: dict = {}
-    for page in _python_pages():
-        work = tmp_path / page.stem
-        work.mkdir()
-        monkeypatch.chdir(work)  # examples that write files write them here
-        _run_page(page, monkeypatch, ran)
+def test_python_examples_run_as_written(tmp_path):
+    """``run_all_pages`` in a process of its own, with XLA's default settings rather than the suite's cheapest
+    (tests/conftest.py): these examples decode the real model for hundreds of tokens, which unoptimised programs run
+    3x slower than they compile faster; and with its layers stacked (``$JAXSPEC_LAYERS``), a third of the compile
+    time at the same decoding speed on the optimised programs (that the split layout computes the same model is
+    tests/models/test_families.py's). Eight simulated CPU devices, as the suite has, for the sharding examples."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    for flag in TEST_XLA_FLAGS.split():
+        flags = flags.replace(flag, "")
+    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAXSPEC_LAYERS="stacked")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    code = (
+        "import sys, jax; jax.config.update('jax_num_cpu_devices', 8); from pathlib import Path; "
+        "sys.path.insert(0, sys.argv[1]); import test_examples; test_examples.run_all_pages(Path(sys.argv[2]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
 
 
 def _commands(page: Path) -> list[tuple[str, list[str]]]:
