@@ -285,11 +285,20 @@ def bucket(n: int) -> int:
     return max(8, 1 << (max(1, n) - 1).bit_length())
 
 
-def device_tables(automata: Sequence[Automaton | None], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(token_class [N, V], next_state [N, S, C])`` for the rows' automata (None: a row without a constraint,
-    one state allowing every token), padded to shared bucketed ``S`` and ``C``; every row starts in state 0."""
+def table_shape(automata: Sequence[Automaton | None]) -> tuple[int, int]:
+    """The bucketed ``(S, C)`` that holds every one of ``automata`` (None: a row without a constraint)."""
     s = bucket(max((a.num_states for a in automata if a is not None), default=1))
     c = bucket(max((a.num_classes for a in automata if a is not None), default=1))
+    return s, c
+
+
+def device_tables(
+    automata: Sequence[Automaton | None], vocab_size: int, shape: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(token_class [N, V], next_state [N, S, C])`` for the rows' automata (None: a row without a constraint,
+    one state allowing every token), padded to ``shape`` (default: ``table_shape(automata)``); every row starts in
+    state 0."""
+    s, c = table_shape(automata) if shape is None else shape
     token_class = np.zeros((len(automata), vocab_size), np.int32)
     next_state = np.full((len(automata), s, c), -1, np.int32)
     for i, a in enumerate(automata):

@@ -297,10 +297,9 @@ class EngineRun:
         gamma, decision, policy = choose_gamma(request, shape)
         self.spec = inputs_lib.loop_spec(request, self.cache_len, gamma)
         self.drafter = request.drafter if gamma > 0 else None
-        # constraints: every request's tables at the run's shared (bucketed) shapes, and one unconstrained row last
-        self.tables = None
-        if request.automata is not None:
-            self.tables = constraints.device_tables([*request.automata, None], self.spec.vocab_size)
+        # constraints: one table shape (bucketed) for the whole run, so refills compile nothing new; each refill
+        # lays out only the tables of the rows it inserts
+        self.table_shape = None if request.automata is None else constraints.table_shape(request.automata)
         # gamma="auto": the hook that re-decides γ between decode calls (jaxspec.generation.regamma)
         self.auto = None if decision is None else regamma.Regamma(request, shape, decision, policy)
         self.stats = EngineStats(
@@ -471,7 +470,7 @@ class EngineRun:
                 col(np.minimum(request.top_k[take], self.spec.vocab_size), 0, np.int32),
                 col(request.top_p[take], 1.0, np.float32),
             ),
-            grammar=None if self.tables is None else self._grammar(take, pad),
+            grammar=None if self.table_shape is None else self._grammar(take, pad),
         )
         inputs = jax.device_put(inputs) if spec.mesh is None else inputs_lib.place_inputs(inputs, spec.mesh)
         new, seconds = loop.prefill_program(spec, tparams, dparams, inputs)
@@ -485,11 +484,12 @@ class EngineRun:
 
     def _grammar(self, take: list[int], pad: int) -> Grammar:
         """The constraint tables of the requests ``take`` and ``pad`` unconstrained padding rows, every row at its
-        initial state (host arrays; shapes shared by the whole run, so refills compile nothing new)."""
-        assert self.tables is not None
-        token_class, next_state = self.tables
-        rows = np.asarray(list(take) + [len(token_class) - 1] * pad)  # the tables' last row: unconstrained
-        return Grammar(token_class[rows], next_state[rows], np.zeros(len(rows), np.int32))  # type: ignore[arg-type]
+        initial state (host arrays, at the run's table shape)."""
+        automata = self.batch.request.automata
+        assert automata is not None and self.table_shape is not None
+        rows = [automata[i] for i in take] + [None] * pad
+        token_class, next_state = constraints.device_tables(rows, self.spec.vocab_size, self.table_shape)
+        return Grammar(token_class, next_state, np.zeros(len(rows), np.int32))  # type: ignore[arg-type]
 
     def _row(self, host, slot: int, index: int, length: int, rounds: int, wall: float) -> RowResult:
         tokens, logprobs, plen, finish, drafted, accepted, hist, bad_t, bad_d, forced, where = host
