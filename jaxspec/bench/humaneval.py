@@ -117,6 +117,8 @@ def run(args) -> dict:
     trees = [f"tree:{d},{b},{w}" for d, b, w in getattr(args, "trees", None) or ()]
     wants_head = bool(set(HEAD_MODES) & set(modes) or trees)
     head = eagle.load(getattr(args, "eagle_head", None) or HEAD, target) if wants_head else None
+    if head is not None and fmt:  # the head's own weights quantized too, as the draft model's
+        head = jaxspec.quantize(head, fmt)
     head_gammas = tuple(getattr(args, "eagle_gamma", None) or (args.gamma,))
     head_gamma = head_gammas[0]
     if len(head_gammas) > 1 and "eagle" in modes:  # the head at each γ, interleaved like the other modes
@@ -129,6 +131,8 @@ def run(args) -> dict:
         at = modes.index("eagle")
         modes[at : at + 1] = [f"eagle~{s:g}" for s in scales]
     head3 = eagle.load(args.eagle3_head, target) if getattr(args, "eagle3_head", None) else None
+    if head3 is not None and fmt:
+        head3 = jaxspec.quantize(head3, fmt)
     head3_gammas = tuple(getattr(args, "eagle3_gamma", None) or (2,))
     if head3 is not None:  # the EAGLE-3 head at each of its γ, after the other modes
         modes += [f"eagle3@{g}" for g in head3_gammas]
@@ -184,6 +188,7 @@ def run(args) -> dict:
                 m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hist=[]) for m in modes
             }
             choices: dict[str, dict[str, int]] = {m: {} for m in AUTO_MODES}
+            last_decision: dict[str, dict] = {}  # the last call's decision per auto mode (its expected speed-ups)
             seen_buckets = set()
             for k, call in enumerate(calls):
                 bucket = (len(call), bucket_cache(max(map(len, call)) + args.max_new_tokens))
@@ -230,8 +235,10 @@ def run(args) -> dict:
                         for a, b in zip(t["hist"] + [0] * (size - len(t["hist"])), hist + [0] * (size - len(hist)))
                     ]
                     if m in AUTO_MODES and s.policy:
-                        key = "plain" if s.policy.get("gamma", 0) == 0 else f"γ={s.policy['gamma']}"
+                        tree, g = s.policy.get("tree"), s.policy.get("gamma", 0)
+                        key = f"tree {tuple(tree)}" if tree else ("plain" if g == 0 else f"γ={g}")
                         choices[m][key] = choices[m].get(key, 0) + 1
+                        last_decision[m] = s.policy
                 timer.block(args.step_iters)
                 if timer3 is not None:
                     timer3.block(args.step_iters)
@@ -294,6 +301,11 @@ def run(args) -> dict:
                 }
                 if m in AUTO_MODES:
                     row["auto_choices"] = dict(choices[m])
+                    if m in last_decision:
+                        row["auto_last_decision"] = {
+                            k: last_decision[m].get(k)
+                            for k in ("gamma", "tree", "tau", "round_cost", "expected_speedup")
+                        }
                 doc["rows"].append(row)
                 a = "-" if alpha is None else f"{alpha:.3f}"
                 b = "-" if bound is None else f"{bound:.2f}"

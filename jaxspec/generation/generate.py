@@ -62,7 +62,7 @@ __all__ = [
 
 
 def choose_gamma(
-    request: Request, shape: inputs_lib.Buckets
+    request: Request, shape: inputs_lib.Buckets, trees: bool = False
 ) -> tuple[int, policy_lib.Decision | None, policy_lib.AutoGamma | None]:
     """Stage 3: ``(gamma, decision, policy)``. ``gamma`` is the compiled loop's (0: plain decoding, also when there
     is no drafter); ``decision`` and ``policy`` are set only with ``gamma="auto"``.
@@ -70,7 +70,8 @@ def choose_gamma(
     With ``gamma="auto"`` the policy (``request.policy`` or ``jaxspec.policy.DEFAULT``) decides from measured
     costs (standalone model steps timed the first time it sees these shapes, and the rounds of earlier calls'
     loops; with ``AutoGamma(calibrate="loops")`` the candidate loops on the call's placed weights, which compiles
-    them) and from the acceptance seen in earlier calls.
+    them) and from the acceptance seen in earlier calls. ``trees``: the policy may choose a draft tree
+    (``decision.tree``; ``gamma`` is then its depth) when the drafter can branch (``can_branch``).
     """
     if not request.auto:
         gamma = cast(int, request.gamma)  # an int (Python or NumPy) unless gamma="auto"
@@ -92,8 +93,23 @@ def choose_gamma(
         round_timer=round_timer,
         mesh_key=mesh_key(request.mesh, request.shard_draft),
         prompt_tokens=shape.prompt_len,
+        branching=trees and can_branch(request),
     )
     return decision.gamma, decision, policy
+
+
+def can_branch(request: Request) -> bool:
+    """Whether ``request``'s drafter can draft trees (an EAGLE head or a draft model) and nothing in the request
+    rules them out (constraints are verified over chains only)."""
+    drafter = request.drafter
+    able = isinstance(drafter, CausalLM) or callable(getattr(drafter, "with_tree", None))
+    return able and request.automata is None
+
+
+def with_tree(request: Request, tree) -> Request:
+    """``request`` drafting trees of shape ``tree`` (``jaxspec.drafters.branching``) instead of chains."""
+    lookup = request.lookup.with_tree(tree) if request.lookup is not None else None  # type: ignore[attr-defined]
+    return dataclasses.replace(request, lookup=lookup, tree=tuple(tree))
 
 
 def mesh_key(mesh, shard_draft: bool):
@@ -154,7 +170,10 @@ def prepare(target, prompts, config: GenerationConfig | None = None, **settings)
     request = make_request(target, prompts, config, **settings)
     compile_cache.use_default()  # the persistent compilation cache, unless this process chose otherwise
     shape = inputs_lib.buckets(request)
-    g, decision, policy = choose_gamma(request, shape)
+    g, decision, policy = choose_gamma(request, shape, trees=True)
+    drafter = request.drafter  # what the policy keys its estimates by: chains and trees alike
+    if decision is not None and decision.tree is not None:
+        request = with_tree(request, decision.tree)
     return Prepared(
         spec=inputs_lib.loop_spec(request, shape.cache_len, g),
         inputs=inputs_lib.loop_inputs(request, shape),
@@ -163,9 +182,9 @@ def prepare(target, prompts, config: GenerationConfig | None = None, **settings)
         shard_draft=request.shard_draft,
         decision=decision,
         policy=policy,
-        draft=request.drafter if g > 0 else None,
+        draft=drafter if g > 0 else None,
         target=request.target,
-        drafter=request.drafter if decision is not None else None,
+        drafter=drafter if decision is not None else None,
         config=request.config,
         prompt_len=shape.prompt_len,
         automata=request.automata,
@@ -205,7 +224,7 @@ def run(prep: Prepared) -> tuple[loop.State, float, float]:
             prep.drafter,
             batch,
             prep.spec.cache_len,
-            prep.spec.gamma,
+            prep.spec.drafter.tree or prep.spec.gamma,
             prefill=(prompt_tokens, prefill_s),
             rounds=(rounds_s, rounds),
             fresh=fresh or seconds > 0,
@@ -250,6 +269,7 @@ def finish(prep: Prepared, state: loop.State, wall_time_s: float, compile_time_s
             passes=stats.target_passes,
             row_tokens=[r.generated_tokens for r in stats.rows],
             row_rounds=[r.rounds for r in stats.rows],
+            tree=prep.spec.drafter.tree,
         )
     return result
 

@@ -317,8 +317,8 @@ def make_request(target, prompts, config: GenerationConfig | None = None, **sett
             gamma = depth
         elif isinstance(gamma, str) and gamma == "auto":
             raise ValueError(
-                f"gamma='auto' does not choose trees yet; pass tree={tree} alone (γ is its depth) or "
-                "gamma='auto' without a tree"
+                f"gamma='auto' chooses among its policy's trees itself (AutoGamma(trees=...)); pass tree={tree} "
+                "alone (γ is its depth) or gamma='auto' without a tree"
             )
         elif gamma != depth:
             raise ValueError(f"gamma={gamma!r} with tree={tree}: a tree round's γ is its depth ({depth})")

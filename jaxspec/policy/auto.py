@@ -47,6 +47,16 @@ few per cent from call to call; each γ's first call compiles its loop: SmolLM2'
 Inside an engine run, ``decide(running=γ)`` re-decides at refills (``jaxspec.generation.regamma``): another γ when
 expected ``SWITCH_GAIN`` times as fast, plain decoding when the running γ is expected to be slower than plain.
 
+Draft trees. For a drafter that can branch (``decide(..., branching=True)``: an EAGLE head or a draft model, in
+``generate`` and ``stream``) the candidates also hold the tree shapes of ``trees`` (``cost.TREES`` by default), each
+with its own acceptance by depth, counted from its calls' path-length histograms (``observe(..., tree=...)``), and
+its own observed rounds. A shape never measured is estimated with ``cost.tree_prior`` of the chain's acceptance
+and ``Costs.tree_round_cost``, and is tried only as a probe, once the chain's acceptance is measured, when that
+estimate is at least ``KEEP_GAIN`` times the best measured choice (and clears the margin): on a backend where a
+pass over a tree's tokens costs several steps (XLA:CPU) no tree is ever tried, so auto stays with the best chain.
+``Decision.tree`` is the chosen shape (``Decision.gamma`` its depth); the decision's dicts key trees by
+``cost.tree_label``. An engine run's re-decisions stay among chains.
+
 Models are told apart by name, forward function and the identity of their weights; a drafter without a model
 (prompt lookup) by itself.
 """
@@ -64,12 +74,17 @@ import jax
 from jaxspec.policy import store, timing
 from jaxspec.policy.cost import (
     GAMMAS,
+    SIBLING_GAIN,
+    TREES,
     Costs,
     Decision,
     expected_speedup,
     expected_tokens,
     position_counts,
     round_costs,
+    tree_label,
+    tree_nodes,
+    tree_prior,
 )
 
 KEEP = 16  # calls whose timings are kept per (shapes, γ): r(γ) and the prefill are their low medians
@@ -122,14 +137,17 @@ class Acceptance:
         """accepted ÷ drafted with a Beta prior of mean ``prior`` and ``weight`` drafts."""
         return (self.accepted + prior * weight) / (self.drafted + weight)
 
-    def positions(self, n: int, prior: float, weight: float) -> tuple[float, ...]:
-        """a_i for i = 1..n with the prior; a position never reached borrows the one before (the prior for i = 1)."""
+    def positions(self, n: int, prior, weight: float) -> tuple[float, ...]:
+        """a_i for i = 1..n with the prior: one number, where a position never reached borrows the one before (the
+        prior for i = 1); or one per position, which a position never reached takes."""
+        each = not isinstance(prior, (int, float))
+        priors = list(prior) if each else [prior] * n
         out = []
         for i in range(n):
             if i < len(self.position_reached) and self.position_reached[i] > 0:
-                out.append((self.position_accepted[i] + prior * weight) / (self.position_reached[i] + weight))
+                out.append((self.position_accepted[i] + priors[i] * weight) / (self.position_reached[i] + weight))
             else:
-                out.append(out[-1] if out else prior)
+                out.append(priors[i] if each or not out else out[-1])
         return tuple(out)
 
 
@@ -142,18 +160,28 @@ class BatchState:
       longest_tokens: Σ over the same calls of the longest row's generated tokens.
       plain_streak: plain decisions in a row since the last speculative (or probing) one.
       probe_wait: plain decisions in a row after which to probe (doubles after each probe; None: never probe).
-      last_gamma: the γ the last call decided (0: plain decoding).
+      last_gamma: the γ the last call decided (0: plain decoding), or its tree shape.
     """
 
     passes_tau: float = 0.0
     longest_tokens: int = 0
     plain_streak: int = 0
     probe_wait: int | None = None
-    last_gamma: int = 0
+    last_gamma: int | tuple = 0
 
     def straggler(self) -> float:
         """Rounds a batch needs ÷ the mean row's rounds: passes_tau ÷ longest_tokens, at least 1 (1 before any)."""
         return max(1.0, self.passes_tau / self.longest_tokens) if self.longest_tokens else 1.0
+
+
+def _plan(gamma):
+    """A candidate as the policy keys it: γ as an int, a tree shape as a tuple of ints."""
+    return tuple(int(x) for x in gamma) if isinstance(gamma, (tuple, list)) else int(gamma)
+
+
+def _name(plan) -> str:
+    """A candidate in words: ``γ=2`` or ``tree (5, 3, 6)``."""
+    return f"tree {plan}" if isinstance(plan, tuple) else f"γ={plan}"
 
 
 def _model_key(model):
@@ -187,6 +215,8 @@ class AutoGamma:
       probe_alpha: the acceptance at every position at which speculation must be able to clear the margin for a
         probe to run: what a good drafter reaches, so a pair that could pay is measured and a batch where none
         could is not.
+      trees: the candidate tree shapes ``(depth, branch, width)`` for drafters that branch (() : chains only).
+      sibling_gain: the prior of a shape never measured (``cost.tree_prior``).
     """
 
     def __init__(
@@ -200,6 +230,8 @@ class AutoGamma:
         calibrate: str = "steps",
         keep_costs: bool | str | os.PathLike = True,
         probe_alpha: float = 0.8,
+        trees=TREES,
+        sibling_gain: float = SIBLING_GAIN,
     ):
         if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas):
             raise ValueError(f"gammas must be ints >= 1, got {gammas!r}")
@@ -214,16 +246,27 @@ class AutoGamma:
         if not isinstance(probe_alpha, (int, float)) or not 0 < probe_alpha <= 1:
             raise ValueError(f"probe_alpha must be a number in (0, 1], got {probe_alpha!r}")
         self.probe_alpha = float(probe_alpha)
+        shapes = []
+        for tree in trees or ():
+            parts = tuple(tree) if isinstance(tree, (tuple, list)) else ()
+            if len(parts) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in parts):
+                raise ValueError(f"trees must hold (depth, branch, width) shapes of three ints >= 1, got {tree!r}")
+            shapes.append(parts)
+        self.trees = tuple(dict.fromkeys(shapes))
+        if not isinstance(sibling_gain, (int, float)) or not 0 <= sibling_gain < 1:
+            raise ValueError(f"sibling_gain must be a number in [0, 1), got {sibling_gain!r}")
+        self.sibling_gain = float(sibling_gain)
         self.keep_costs = keep_costs
         self.calibrate = calibrate
         self.gammas = tuple(sorted(set(gammas)))
         self.prior_alpha, self.prior_drafts, self.margin = prior_alpha, prior_drafts, margin
         self.half_life, self.explore_after = half_life, explore_after
         self._costs: dict[tuple, Costs] = {}  # (target, draft, batch, cache_len, mesh_key) -> Costs
-        self._acceptance: dict[tuple, Acceptance] = {}  # (target, draft, greedy) -> counts
+        self._acceptance: dict[tuple, Acceptance] = {}  # (target, draft, greedy[, tree]) -> counts
         self._batches: dict[tuple, BatchState] = {}  # (target, draft, greedy, batch) -> straggling, plain streak
-        # costs key -> {γ: the last KEEP calls' seconds per round}, scaled to the load the costs were timed under
-        self._rounds: dict[tuple, dict[int, collections.deque]] = {}
+        # costs key -> {γ or tree: the last KEEP calls' seconds per round}, scaled to the load the costs were timed
+        # under
+        self._rounds: dict[tuple, dict[int | tuple, collections.deque]] = {}
         self._prefills: dict[tuple, collections.deque] = {}  # costs key -> prefill seconds per prompt token, scaled
         self._unreferenced: dict[tuple, int] = {}  # (costs key, γ) -> calls since the last one timed with a reference
         self._references: dict[tuple, timing.Reference] = {}  # costs key -> its load reference
@@ -256,20 +299,21 @@ class AutoGamma:
             self._references[key] = timing.Reference(target, batch, cache_len)
         return self._references[key].time()
 
-    def wants_reference(self, target, draft, batch: int, cache_len: int, gamma: int, mesh_key=None) -> bool:
+    def wants_reference(self, target, draft, batch: int, cache_len: int, gamma, mesh_key=None) -> bool:
         """Whether a call of ``gamma`` at these shapes should time the load reference after its loop and record its
         timings (``observe_call``): while fewer than ``REFERENCED`` of its calls are recorded, and then every
         ``REFERENCE_EVERY``-th call (a round's cost relative to a plain step barely changes, so a few calls fix it
         and the later ones only follow a slow drift). Costs without a reference (``set_costs``) record every call
-        unscaled."""
+        unscaled. ``gamma``: a γ, or a tree shape."""
         key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
         costs = self._costs.get(key)
         if costs is None:
             return False
         if not costs.reference_s:
             return True
-        kept = self._rounds.get(key, {}).get(int(gamma), ())
-        return len(kept) < REFERENCED or self._unreferenced.get((key, int(gamma)), 0) + 1 >= REFERENCE_EVERY
+        plan = _plan(gamma)
+        kept = self._rounds.get(key, {}).get(plan, ())
+        return len(kept) < REFERENCED or self._unreferenced.get((key, plan), 0) + 1 >= REFERENCE_EVERY
 
     def observe_call(
         self,
@@ -277,7 +321,7 @@ class AutoGamma:
         draft,
         batch: int,
         cache_len: int,
-        gamma: int,
+        gamma,
         *,
         prefill: tuple[int, float] | None = None,
         rounds: tuple[float, int] | None = None,
@@ -288,12 +332,14 @@ class AutoGamma:
         rounds) of its loop of ``gamma`` (device time, compilation excluded). ``fresh``: the call compiled its
         programs, whose first run pays one-time costs (page faults, allocations): its timings are not recorded.
         Otherwise, when ``wants_reference``, the load reference is timed now and both timings are recorded scaled
-        by it (``observe_prefill``, ``observe_rounds``). Returns whether they were recorded."""
+        by it (``observe_prefill``, ``observe_rounds``). ``gamma``: the loop's γ, or its tree shape. Returns whether
+        they were recorded."""
         key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
-        if fresh or not self.wants_reference(target, draft, batch, cache_len, gamma, mesh_key):
-            self._unreferenced[(key, int(gamma))] = self._unreferenced.get((key, int(gamma)), 0) + 1
+        plan = _plan(gamma)
+        if fresh or not self.wants_reference(target, draft, batch, cache_len, plan, mesh_key):
+            self._unreferenced[(key, plan)] = self._unreferenced.get((key, plan), 0) + 1
             return False
-        self._unreferenced[(key, int(gamma))] = 0
+        self._unreferenced[(key, plan)] = 0
         costs = self._costs[key]
         reference_s = self.reference_seconds(target, draft, batch, cache_len, mesh_key) if costs.reference_s else None
         if prefill is not None:
@@ -324,7 +370,7 @@ class AutoGamma:
         draft,
         batch: int,
         cache_len: int,
-        gamma: int,
+        gamma,
         seconds: float,
         rounds: int,
         mesh_key=None,
@@ -336,7 +382,7 @@ class AutoGamma:
         measured); later decisions take r(γ) from the median of the last ``KEEP`` calls of γ."""
         if rounds > 0 and seconds > 0:
             key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
-            kept = self._rounds.setdefault(key, {}).setdefault(int(gamma), collections.deque(maxlen=KEEP))
+            kept = self._rounds.setdefault(key, {}).setdefault(_plan(gamma), collections.deque(maxlen=KEEP))
             kept.append(seconds / rounds * self._scale(key, reference_s))
 
     def observe_prefill(
@@ -345,7 +391,7 @@ class AutoGamma:
         draft,
         batch: int,
         cache_len: int,
-        gamma: int,
+        gamma,
         prompt_tokens: int,
         seconds: float,
         mesh_key=None,
@@ -362,7 +408,7 @@ class AutoGamma:
         if costs is None or not costs.step_s or prompt_tokens <= 0:
             return
         seconds *= self._scale(key, reference_s)
-        if gamma > 0:
+        if _plan(gamma) != 0:
             seconds -= costs.prefills(prompt_tokens)[1] * costs.step_s
         if seconds > 0:
             self._prefills.setdefault(key, collections.deque(maxlen=KEEP)).append(seconds / prompt_tokens)
@@ -388,10 +434,19 @@ class AutoGamma:
         counts = self._acceptance.get(self._pair(target, draft, greedy), Acceptance())
         return counts.alpha(self.prior_alpha, self.prior_drafts), int(round(counts.drafted))
 
-    def position_acceptance(self, target, draft, greedy: bool) -> tuple[float, ...]:
-        """Estimated a_i for i = 1 .. max candidate γ (see the module docstring)."""
+    def position_acceptance(self, target, draft, greedy: bool, n: int | None = None) -> tuple[float, ...]:
+        """Estimated a_i for i = 1 .. ``n`` (default: the largest candidate γ; see the module docstring)."""
         counts = self._acceptance.get(self._pair(target, draft, greedy), Acceptance())
-        return counts.positions(max(self.gammas), self.prior_alpha, self.prior_drafts)
+        return counts.positions(n or max(self.gammas), self.prior_alpha, self.prior_drafts)
+
+    def tree_acceptance(self, target, draft, greedy: bool, tree) -> tuple[tuple[float, ...], bool]:
+        """(estimated a_d for d = 1 .. depth of tree shape ``tree``, whether any of its calls was observed): its own
+        counts with ``cost.tree_prior`` of the chain's estimates as the prior."""
+        chain = self.position_acceptance(target, draft, greedy, tree[0])
+        prior = tree_prior(chain, tree, self.sibling_gain)
+        counts = self._acceptance.get((*self._pair(target, draft, greedy), tuple(tree)))
+        measured = counts is not None and counts.drafted > 0
+        return (counts or Acceptance()).positions(tree[0], prior, self.prior_drafts), measured
 
     def straggler(self, target, draft, greedy: bool, batch: int) -> float:
         """Rounds a batch of ``batch`` rows needs ÷ the mean row's rounds (see the module docstring)."""
@@ -417,8 +472,10 @@ class AutoGamma:
         passes: int = 0,
         row_tokens=(),
         row_rounds=(),
+        tree=None,
     ) -> None:
-        """Record a call's counts; ``accept_hist[n]`` = rounds in which exactly n drafts were accepted. With
+        """Record a call's counts; ``accept_hist[n]`` = rounds in which exactly n drafts were accepted (with
+        ``tree``, the call's tree shape: rounds whose accepted path was n deep, counted for that shape). With
         ``batch`` (the compiled batch size), ``passes`` (the loop's verify passes) and the rows' generated tokens
         and rounds, also the batch's straggler factor."""
         if batch is not None and passes and sum(row_rounds) and max(row_tokens, default=0):
@@ -426,7 +483,8 @@ class AutoGamma:
             state = self._batch(target, draft, greedy, batch)
             state.passes_tau += passes * tau
             state.longest_tokens += max(row_tokens)
-        self._acceptance.setdefault(self._pair(target, draft, greedy), Acceptance()).add(accepted, drafted, accept_hist)
+        key = self._pair(target, draft, greedy) if tree is None else (*self._pair(target, draft, greedy), tuple(tree))
+        self._acceptance.setdefault(key, Acceptance()).add(accepted, drafted, accept_hist)
 
     def set_alpha(self, target, draft, greedy: bool, alpha: float, drafts: int = 10_000) -> None:
         """Overwrite the running estimate with α at every position (tests, or a value known from elsewhere)."""
@@ -436,9 +494,12 @@ class AutoGamma:
         )
 
     def _forget(self, key) -> None:
-        """Age a pair's acceptance counts by one call."""
-        if self.half_life is not None and key in self._acceptance:
-            self._acceptance[key].age(0.5 ** (1.0 / self.half_life))
+        """Age a pair's acceptance counts by one call (its trees' too)."""
+        if self.half_life is None:
+            return
+        for k in [key, *((*key, t) for t in self.trees)]:
+            if k in self._acceptance:
+                self._acceptance[k].age(0.5 ** (1.0 / self.half_life))
 
     def decide(
         self,
@@ -452,11 +513,13 @@ class AutoGamma:
         mesh_key=None,
         prompt_tokens: int | None = None,
         running: int | None = None,
+        branching: bool = False,
     ) -> Decision:
         """Choose γ (0: plain decoding) for a call of ``batch`` rows (bucket), a cache of ``cache_len`` and
         ``new_tokens`` new tokens; ``prompt_tokens``: the call's padded prompt length, for the prefills (see
         ``Costs.prefills``). Measures the costs on first use of a key (``round_timer``, ``mesh_key``: see
-        ``costs``), and ages the pair's acceptance counts by one call.
+        ``costs``), and ages the pair's acceptance counts by one call. ``branching``: the drafter can draft trees,
+        so the shapes of ``trees`` are candidates too (module docstring; ``Decision.tree``).
 
         Without any acceptance measured for the pair (greedy and sampled apart) the call probes (``Decision.probe``)
         with the γ best at the prior, if some γ would clear the margin at acceptance ``probe_alpha``: the prior alone
@@ -472,30 +535,33 @@ class AutoGamma:
         alpha, seen = self.alpha(target, draft, greedy)
         positions = self.position_acceptance(target, draft, greedy)
         observed = self.observed_rounds(target, draft, batch, cache_len, mesh_key)
-        rounds = round_costs(costs, self.gammas, observed)
+        trees = self.trees if branching and not running else ()
+        rounds = round_costs(costs, (*self.gammas, *trees), observed)
         straggler = self.straggler(target, draft, greedy, batch)
 
+        def gain(acceptance, plan):
+            depth = plan[0] if isinstance(plan, tuple) else plan
+            v = costs.verify_cost(tree_nodes(plan) + 1) if isinstance(plan, tuple) else costs.v[plan]
+            args = (costs.c, v, new_tokens, draft_prefill, rounds[plan], straggler, target_prefill)
+            return expected_speedup(acceptance, depth, *args)
+
         def speedups(acceptance):
-            return {
-                g: expected_speedup(
-                    acceptance,
-                    g,
-                    costs.c,
-                    costs.v[g],
-                    new_tokens,
-                    draft_prefill,
-                    rounds[g],
-                    straggler,
-                    target_prefill,
-                )
-                for g in self.gammas
-            }
+            return {g: gain(acceptance, g) for g in self.gammas}
 
         gains = speedups(positions)
         taus = {g: expected_tokens(positions, g) for g in self.gammas}
+        tree_taus, tree_gains, unmeasured = {}, {}, []
+        for tree in trees:
+            accept, tree_measured = self.tree_acceptance(target, draft, greedy, tree)
+            tree_taus[tree] = expected_tokens(accept, tree[0])
+            tree_gains[tree] = gain(accept, tree)
+            if not tree_measured:
+                unmeasured.append(tree)
         best = max(gains, key=gains.get)
         counts = self._acceptance.get(self._pair(target, draft, greedy))
         measured = counts is not None and counts.drafted > 0
+        options = {**gains, **{t: g for t, g in tree_gains.items() if t not in unmeasured}}  # measured candidates
+        top = max(options, key=lambda k: options[k])
         plain = f"plain: best expected speed-up {gains[best]:.2f}× (γ={best}) is below the margin {self.margin}"
         probe = False
         if running:  # a re-decision within a run: no probe, no streak, no aging
@@ -509,14 +575,33 @@ class AutoGamma:
                 chosen, reason = running, f"γ={running} expected {gains[running]:.2f}× plain: kept"
             else:
                 chosen, reason = 0, f"plain: γ={running} expected {gains[running]:.2f}× plain, best {gains[best]:.2f}×"
-        elif measured and gains[best] >= self.margin:
-            reason = f"γ={best} expected {gains[best]:.2f}× plain"
-            chosen = best
+        elif (
+            measured
+            and unmeasured
+            and self.explore_after is not None
+            and max(tree_gains[t] for t in unmeasured) >= max(self.margin, KEEP_GAIN * options[top])
+        ):
+            # worth measuring: a shape expected to beat the best measured choice
+            tree = max(unmeasured, key=lambda t: tree_gains[t])
+            chosen, probe = tree, True
+            reason = (
+                f"probe: tree {tree} never measured, expected {tree_gains[tree]:.2f}× plain at its prior "
+                f"(best measured: {_name(top)} {options[top]:.2f}×)"
+            )
+            self._batch(target, draft, greedy, batch).plain_streak = 0
+        elif measured and options[top] >= self.margin:
+            reason = f"{_name(top)} expected {options[top]:.2f}× plain"
+            chosen = top
             state = self._batch(target, draft, greedy, batch)
             last = state.last_gamma
-            if last in gains and last != best and gains[last] >= self.margin and gains[best] < KEEP_GAIN * gains[last]:
+            if (
+                last in options
+                and last != top
+                and options[last] >= self.margin
+                and options[top] < KEEP_GAIN * options[last]
+            ):
                 chosen = last  # KEEP_GAIN
-                reason = f"γ={last} expected {gains[last]:.2f}× plain: kept (γ={best}: {gains[best]:.2f}×, "
+                reason = f"{_name(last)} expected {options[last]:.2f}× plain: kept ({_name(top)}: {options[top]:.2f}×, "
                 reason += "within the margin)"
             state.plain_streak, state.probe_wait = 0, self.explore_after
         else:
@@ -545,20 +630,23 @@ class AutoGamma:
         if not running:
             self._batch(target, draft, greedy, batch).last_gamma = chosen
             self._forget(self._pair(target, draft, greedy))
+        shape = chosen if isinstance(chosen, tuple) else None
+        labels = {t: tree_label(t) for t in trees}
         return Decision(
-            chosen,
+            shape[0] if shape else chosen,
             alpha,
             seen,
             positions,
-            taus,
+            {**taus, **{labels[t]: x for t, x in tree_taus.items()}},
             costs.c,
-            dict(costs.v),
-            rounds,
+            {**costs.v, **{labels[t]: costs.verify_cost(tree_nodes(t) + 1) for t in trees}},
+            {labels.get(g, g): r for g, r in rounds.items()},
             straggler,
-            gains,
+            {**gains, **{labels[t]: x for t, x in tree_gains.items()}},
             reason,
             probe,
             {"target": target_prefill, "draft": draft_prefill},
+            shape,
         )
 
     @staticmethod

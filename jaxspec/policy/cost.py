@@ -32,6 +32,61 @@ import dataclasses
 import numbers
 
 GAMMAS = (1, 2, 4, 6)  # the candidate γ of ``AutoGamma`` by default
+# The candidate tree shapes (depth, branch, width) of ``AutoGamma`` by default, for drafters that branch: the sizes
+# the tree benchmarks measured (docs/history/trees.md), 10, 27 and 54 nodes.
+TREES = ((4, 2, 4), (5, 3, 6), (6, 4, 10))
+# ``tree_prior``: the share of what a node's earlier siblings missed that each further sibling catches. A guess
+# (the prior only decides whether a shape is worth a probe, after which its own calls measure it), set low: on
+# held-out chat prompts a tree (4, 2, 4) raised τ from the chain's 2.51 to 3.30 (docs/history/trees.md).
+SIBLING_GAIN = 0.25
+
+
+def tree_nodes(tree) -> int:
+    """The draft nodes of a tree ``(depth, branch, width)``: ``branch + (depth - 1) × width``."""
+    depth, branch, width = tree
+    return branch + (depth - 1) * width
+
+
+def tree_label(tree) -> str:
+    """A tree shape as ``Decision``'s dicts key it: ``"tree:D,B,W"``."""
+    return "tree:" + ",".join(str(int(x)) for x in tree)
+
+
+def tree_prior(positions, tree, sibling_gain: float = SIBLING_GAIN) -> tuple[float, ...]:
+    """Prior a_d, d = 1 .. depth, of a tree whose chain has acceptance ``positions`` (a_i, at least one): the
+    accepted path's node at depth d − 1 offers ``m_d`` children (``branch`` at depth 1; below it the ``width``
+    nodes of a level shared among the ``branch`` best of the level above, at most ``branch``), the first accepted
+    with the chain's a_d and each further one catching ``sibling_gain`` of what the ones before it missed:
+    1 − (1 − a_d)(1 − sibling_gain)^(m_d − 1). A position past ``positions`` borrows the last."""
+    depth, branch, width = tree
+    positions = list(positions)
+    out = []
+    for d in range(depth):
+        a = positions[min(d, len(positions) - 1)]
+        m = branch if d == 0 else max(1, min(branch, width // branch))
+        out.append(1.0 - (1.0 - a) * (1.0 - sibling_gain) ** (m - 1))
+    return tuple(out)
+
+
+def interpolate(measured: dict, gammas) -> dict:
+    """``{γ: v}`` for every γ of ``gammas`` from ``measured`` (at least two points): measured where timed, else
+    linear in γ between the nearest timed candidates on either side, or beyond the timed range along the line
+    through its two outermost points on that side."""
+    known = sorted(measured)
+    out = {}
+    for g in gammas:
+        if g in measured:
+            out[g] = measured[g]
+            continue
+        below, above = [k for k in known if k < g], [k for k in known if k > g]
+        if below and above:
+            lo, hi = below[-1], above[0]
+        elif below:
+            lo, hi = below[-2], below[-1]
+        else:
+            lo, hi = above[0], above[1]
+        out[g] = measured[lo] + (measured[hi] - measured[lo]) * (g - lo) / (hi - lo)
+    return out
 
 
 def position_counts(accept_hist) -> tuple[list[int], list[int]]:
@@ -81,18 +136,45 @@ class Costs:
         scale = prompt_tokens / self.prefill_tokens
         return self.target_prefill * scale, self.prefill * scale
 
-    def round_cost(self, gamma: int) -> float:
+    def round_cost(self, gamma) -> float:
         """r(γ): a round in plain steps, measured in the loop when it was, else ``(γc + v(γ) + (2γ + 1) s) ÷
-        (1 + s)`` with s = ``sampling`` (γc + v(γ) when it was not timed)."""
+        (1 + s)`` with s = ``sampling`` (γc + v(γ) when it was not timed). A tree shape ``(depth, branch, width)``
+        in place of γ: ``tree_round_cost``."""
         if self.round is not None and gamma in self.round:
             return self.round[gamma]
+        if isinstance(gamma, tuple):
+            return self.tree_round_cost(gamma)
         s = self.sampling
         return (gamma * self.c + self.v[gamma] + (2 * gamma + 1) * s) / (1 + s)
+
+    def verify_cost(self, tokens: int) -> float:
+        """A target pass over ``tokens`` tokens ÷ a one-token step: v where timed or interpolated (``v[γ]`` is over
+        γ + 1 tokens), else along the line through the timed points (``interpolate``)."""
+        if tokens <= 1:
+            return 1.0
+        if tokens - 1 in self.v:
+            return self.v[tokens - 1]
+        return interpolate({0: 1.0, **self.v}, (tokens - 1,))[tokens - 1]
+
+    def tree_round_cost(self, tree) -> float:
+        """A tree round ``(depth, branch, width)`` in plain steps, before any call has run it (module docstring):
+        ``(c (1 + v(branch) + (depth − 2) v(width)) + v(n + 1) + (2n + 1) s) ÷ (1 + s)``, the level passes' v at
+        their widths (a drafter's pass over k nodes scaled as the target's over k tokens)."""
+        depth, branch, width = tree
+        n = tree_nodes(tree)
+        levels = 1.0
+        if depth > 1:
+            levels += self.verify_cost(branch) + (depth - 2) * self.verify_cost(width)
+        s = self.sampling
+        return (self.c * levels + self.verify_cost(n + 1) + (2 * n + 1) * s) / (1 + s)
 
 
 def round_costs(costs: Costs, gammas, observed=None) -> dict:
     """r(γ) for each of ``gammas``, in plain steps, from the costs and from ``observed``: γ -> seconds per round
     of the compiled loop, measured in earlier calls of the same shapes (γ = 0: plain decoding).
+
+    A tree shape ``(depth, branch, width)`` may stand among ``gammas`` (and among ``observed``'s keys) for its
+    rounds; unobserved, it is corrected by the nearest observed chain γ to its depth.
 
     Each round is estimated in units of a plain step as ``Costs.round_cost`` predicts it (1 + s standalone
     target steps, s = ``costs.sampling``): observed rounds as they were measured (seconds ÷ ``costs.step_s`` ÷
@@ -104,7 +186,7 @@ def round_costs(costs: Costs, gammas, observed=None) -> dict:
     speculation look free even at α = 0. Without ``step_s`` the observations are not used."""
     unit = costs.step_s * (1 + (0.0 if costs.round else costs.sampling))
     seen = {g: s / unit for g, s in (observed or {}).items() if unit > 0 and s > 0}
-    spec = sorted(g for g in seen if g > 0)
+    spec = sorted(g for g in seen if not isinstance(g, tuple) and g > 0)
     plain = seen.get(0, 1.0)
     out = {}
     for g in gammas:
@@ -113,7 +195,8 @@ def round_costs(costs: Costs, gammas, observed=None) -> dict:
             continue
         factor = 1.0
         if spec:
-            near = min(spec, key=lambda s: (abs(s - g), s))
+            depth = g[0] if isinstance(g, tuple) else g  # a tree shape: corrected at the chain γ of its depth
+            near = min(spec, key=lambda s: (abs(s - depth), s))
             factor = seen[near] / costs.round_cost(near)
         out[g] = costs.round_cost(g) * factor / plain
     return {g: max(r, 1.0) for g, r in out.items()}
@@ -137,6 +220,9 @@ class Decision:
       reason: why, in words.
       probe: whether this is a probe: speculating after a run of plain decisions to measure acceptance again.
       prefill: ``"target"`` / ``"draft"`` -> this call's prefill in plain steps.
+      tree: the chosen tree shape ``(depth, branch, width)`` (``gamma`` is its depth), or None (a chain, or plain).
+        Tree candidates appear in ``tau``, ``v`` (the pass over the tree's nodes and root), ``round_cost`` and
+        ``expected_speedup`` under ``tree_label``'s keys.
     """
 
     gamma: int
@@ -152,6 +238,7 @@ class Decision:
     reason: str
     probe: bool = False
     prefill: dict = dataclasses.field(default_factory=dict)
+    tree: tuple | None = None
 
     def as_dict(self) -> dict:
         """The fields as a plain dict (``GenerateStats.policy``)."""

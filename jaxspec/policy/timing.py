@@ -20,7 +20,7 @@ from jaxspec.core import sampling
 from jaxspec.loop import executables
 from jaxspec.models import families
 from jaxspec.parallel import sharding
-from jaxspec.policy.cost import Costs
+from jaxspec.policy.cost import Costs, interpolate
 
 
 @functools.cache
@@ -270,27 +270,6 @@ def verify_gammas(gammas) -> tuple[int, ...]:
     gammas = sorted(set(gammas))
     mean = sum(gammas) / len(gammas)
     return (min(gammas, key=lambda g: (abs(g - mean), -g)),)
-
-
-def interpolate(measured: dict, gammas) -> dict:
-    """``{γ: v}`` for every γ of ``gammas`` from ``measured`` (at least two points): measured where timed, else
-    linear in γ between the nearest timed candidates on either side, or beyond the timed range along the line
-    through its two outermost points on that side."""
-    known = sorted(measured)
-    out = {}
-    for g in gammas:
-        if g in measured:
-            out[g] = measured[g]
-            continue
-        below, above = [k for k in known if k < g], [k for k in known if k > g]
-        if below and above:
-            lo, hi = below[-1], above[0]
-        elif below:
-            lo, hi = below[-2], below[-1]
-        else:
-            lo, hi = above[0], above[1]
-        out[g] = measured[lo] + (measured[hi] - measured[lo]) * (g - lo) / (hi - lo)
-    return out
 
 
 def prefill_tokens(batch: int, cache_len: int) -> int:

@@ -184,5 +184,5 @@ def test_tree_settings_are_checked(target, heads):
         jaxspec.generate(target, PROMPTS, draft="prompt_lookup", tree=(2, 2, 2), max_new_tokens=4)
     with pytest.raises(ValueError, match="depth"):
         jaxspec.generate(target, PROMPTS, draft=head, tree=(2, 2, 2), gamma=3, max_new_tokens=4)
-    with pytest.raises(ValueError, match="does not choose trees"):
+    with pytest.raises(ValueError, match="chooses among its policy.s trees"):
         jaxspec.generate(target, PROMPTS, draft=head, tree=(2, 2, 2), gamma="auto", max_new_tokens=4)

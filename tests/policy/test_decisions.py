@@ -7,6 +7,7 @@ import pytest
 
 from jaxspec.policy import AutoGamma, Costs, expected_speedup
 from jaxspec.policy import auto as auto_lib
+from jaxspec.policy.cost import tree_label, tree_nodes, tree_prior
 
 # a round of γ = 2 costs 1.9 plain steps: at the prior acceptance 0.6 (τ = 1.96) 1.03×, below the margin 1.05; at
 # the probe's 0.8 (τ = 2.44) 1.28×
@@ -153,3 +154,61 @@ def test_the_last_calls_gamma_stays_unless_another_is_clearly_faster(target, sma
     clear = Costs(c=0.1, v={2: 1.2, 4: 1.4}, prefill=0.0, round={2: 2.0, 4: 2.5})
     moved = policy_with(clear, last=2).decide(target, small_draft, 1, 64, 256, True)
     assert moved.gamma == 4 and moved.expected_speedup[4] >= auto_lib.KEEP_GAIN * moved.expected_speedup[2]
+
+
+# A chain measured at 0.6 per position (1000 rounds of γ = 2): τ 1.96
+CHAIN_HIST = (400, 240, 360)
+TREE = (3, 2, 3)  # 2 + 2 × 3 = 8 nodes
+
+
+def _tree_policy(target, draft, v: dict, **kw):
+    p = AutoGamma(gammas=(2,), trees=(TREE,), keep_costs=False, half_life=None, **kw)
+    p.set_costs(target, draft, 1, 64, Costs(c=0.1, v=v, prefill=0.0))
+    p.observe(target, draft, True, accepted=960, drafted=2000, accept_hist=CHAIN_HIST)
+    return p
+
+
+def test_tree_round_cost_and_prior_by_hand():
+    costs = Costs(c=0.1, v={4: 1.4}, prefill=0.0)
+    # v along the line through (0, 1) and (4, 1.4): 2, 3 and 9 tokens (γ = 1, 2, 8) cost 1.1, 1.2, 1.8 steps;
+    # the drafter's window step, its level passes over 2 then 3 nodes, the target's pass over 1 + 8 tokens
+    assert costs.tree_round_cost(TREE) == pytest.approx(0.1 * (1 + 1.1 + 1.2) + 1.8)
+    assert costs.round_cost(TREE) == costs.tree_round_cost(TREE)
+    warped = Costs(c=0.1, v={4: 1.4}, prefill=0.0, sampling=0.01)  # 2 × 8 + 1 warps, in units of 1 + s
+    assert warped.tree_round_cost(TREE) == pytest.approx((0.33 + 1.8 + 17 * 0.01) / 1.01)
+    # depth 1 offers branch = 2 children, deeper levels min(branch, width // branch) = 1
+    assert tree_prior((0.6, 0.5), TREE, 0.25) == pytest.approx((1 - 0.4 * 0.75, 0.5, 0.5))
+    assert tree_prior((0.6,), (2, 4, 16), 0.5) == pytest.approx((1 - 0.4 * 0.5**3, 1 - 0.4 * 0.5**3))
+    assert tree_nodes((5, 3, 6)) == 27 and tree_label((5, 3, 6)) == "tree:5,3,6"
+
+
+def test_a_tree_is_probed_where_wide_passes_are_cheap_and_never_where_they_are_dear(target, small_draft):
+    """Passes over 9 tokens costing what one does (an accelerator): the tree's prior (depth 1 0.7, then 0.6; τ 2.37
+    for 1.3 steps, 1.82×) beats the measured chain (τ 1.96 for 1.2 steps, 1.63×) by over ``KEEP_GAIN``, so the call
+    probes the tree. Then its own acceptance decides: a good one keeps it, a poor one goes back to the chain.
+    Where a pass over 9 tokens costs 2.2 steps (this CPU's slope), the tree is never tried. Negative control: with
+    no sibling gain in the prior (a tree no better than its chain) the cheap passes do not probe it either."""
+    cheap = {2: 1.0}
+    policy = _tree_policy(target, small_draft, cheap)
+    d = policy.decide(target, small_draft, 1, 64, 64, True, branching=True)
+    assert d.probe and d.tree == TREE and d.gamma == 3 and "never measured" in d.reason
+    assert d.expected_speedup["tree:3,2,3"] == pytest.approx(2.372 / 1.3, rel=1e-3)
+    assert d.expected_speedup[2] == pytest.approx(1.96 / 1.2) and d.v["tree:3,2,3"] == 1.0
+    # 100 tree rounds reaching depth 3 in 60: τ 2.5 measured, so the tree stays
+    policy.observe(target, small_draft, True, accepted=250, drafted=300, accept_hist=(10, 10, 20, 60), tree=TREE)
+    kept = policy.decide(target, small_draft, 1, 64, 64, True, branching=True)
+    assert kept.tree == TREE and not kept.probe and kept.tau["tree:3,2,3"] > 2.3
+    # then 1000 rounds that mostly accept nothing: back to the chain
+    policy.observe(target, small_draft, True, accepted=100, drafted=3000, accept_hist=(900, 100, 0, 0), tree=TREE)
+    back = policy.decide(target, small_draft, 1, 64, 64, True, branching=True)
+    assert back.tree is None and back.gamma == 2 and not back.probe
+    # without branching (a drafter that cannot) trees are no candidates
+    assert _tree_policy(target, small_draft, cheap).decide(target, small_draft, 1, 64, 64, True).tree is None
+
+    dear = _tree_policy(target, small_draft, {2: 1.3})  # v(9 tokens) = 1 + 8 × 0.15 = 2.2
+    d = dear.decide(target, small_draft, 1, 64, 64, True, branching=True)
+    assert d.tree is None and d.gamma == 2 and not d.probe and d.expected_speedup["tree:3,2,3"] < 1
+
+    control = _tree_policy(target, small_draft, cheap, sibling_gain=0.0)
+    d = control.decide(target, small_draft, 1, 64, 64, True, branching=True)
+    assert d.tree is None and d.gamma == 2 and not d.probe

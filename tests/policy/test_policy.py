@@ -116,7 +116,7 @@ def test_position_estimates_come_from_accept_histograms(target, small_draft):
 
 
 def test_policy_goes_plain_at_low_alpha_and_speculates_at_high(target, small_draft):
-    policy = AutoGamma()
+    policy = AutoGamma(trees=())  # chains (trees: test_auto_chooses_a_tree_and_learns_its_acceptance)
     # fixed costs (a machine's timings under load would make the decision flaky): batch bucket 1, cache bucket 64
     policy.set_costs(target, small_draft, 1, 64, Costs(c=0.1, v={g: 1.1 for g in policy.gammas}, prefill=0.5))
     kw = dict(draft=small_draft, gamma="auto", policy=policy, max_new_tokens=24, temperature=0.0)
@@ -227,7 +227,7 @@ def test_first_call_compiles_only_its_loop_and_later_calls_learn_its_rounds(targ
     γ); a plain call then sets the unit. Outputs are the target's."""
     from jaxspec import loop
 
-    policy = AutoGamma(gammas=(1, 3), margin=0.0)  # speculate whatever this machine's timings
+    policy = AutoGamma(gammas=(1, 3), margin=0.0, trees=())  # speculate whatever this machine's timings
     policy.set_alpha(target, small_draft, True, 0.97)
     prompts = [[5, 6, 7], [9, 2]]
     kw = dict(draft=small_draft, gamma="auto", policy=policy, max_new_tokens=20, temperature=0.0)
@@ -272,7 +272,7 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
     nothing. The output is the target's, whatever γ was chosen."""
     from jaxspec import loop
 
-    policy = AutoGamma(gammas=(1, 3), calibrate="loops")
+    policy = AutoGamma(gammas=(1, 3), calibrate="loops", trees=())
     prompts = [[5, 6, 7], [9, 2]]
     start = loop.rounds_program.compiles
     first = jaxspec.generate(
@@ -555,3 +555,27 @@ def test_costs_are_kept_across_processes(target, small_draft, tmp_path, monkeypa
     assert first.cost_path(renamed, small_draft, 2, 64) != first.cost_path(target, small_draft, 2, 64)
     with pytest.raises(ValueError, match="keep_costs must be"):
         AutoGamma(keep_costs=3)
+
+
+def test_auto_chooses_a_tree_and_learns_its_acceptance(target, small_draft):
+    """With passes as cheap as a step and the chain measured, ``gamma="auto"`` probes its tree: the call drafts
+    trees of that shape (greedy: the same tokens as plain decoding), the policy learns the shape's acceptance
+    from it, and the next call decides from that measurement. An engine run stays among chains."""
+    tree = (3, 2, 3)
+    policy = AutoGamma(gammas=(2,), trees=(tree,), keep_costs=False)
+    policy.set_costs(target, small_draft, 1, 64, Costs(c=0.1, v={2: 1.0}, prefill=0.0))
+    policy.observe(target, small_draft, True, accepted=960, drafted=2000, accept_hist=(400, 240, 360))
+    kw = dict(draft=small_draft, gamma="auto", policy=policy, max_new_tokens=24, temperature=0.0)
+    plain = jaxspec.generate(target, [[1, 2, 3]], max_new_tokens=24, temperature=0.0).tokens
+    run = jaxspec.generate(target, [[1, 2, 3]], **kw)
+    p = run.stats.policy
+    assert p["probe"] and tuple(p["tree"]) == tree and run.stats.gamma == 3 and run.stats.drafted > 0
+    assert run.tokens == plain
+    accept, measured = policy.tree_acceptance(target, small_draft, True, tree)
+    assert measured and len(accept) == 3
+    after = jaxspec.generate(target, [[1, 2, 3]], **kw)
+    assert not after.stats.policy["probe"] and after.tokens == plain
+    engine = jaxspec.Engine(target, draft=small_draft, gamma="auto", policy=policy, slots=1, temperature=0.0)
+    run = engine.run([{"prompt": [1, 2, 3], "max_new_tokens": 24}])
+    (row,) = list(run)
+    assert run.stats.policy.get("tree") is None and run.stats.gamma == 2 and row.tokens == plain[0]
