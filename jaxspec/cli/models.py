@@ -79,7 +79,7 @@ def load_models(args: argparse.Namespace, progress: Progress | None = None):
         draft = "prompt_lookup"
     else:
         progress.stage("loading", f"draft {args.draft}")
-        draft = _load_draft(args.draft, target, load)
+        draft = _load_draft(args.draft, target, load, getattr(args, "quantize", None))
     if target.tokenizer is None:
         raise CliError(f"--target: {args.target!r} has no tokenizer; the command line works with text prompts")
     if args.chat is None:
@@ -89,15 +89,17 @@ def load_models(args: argparse.Namespace, progress: Progress | None = None):
     return target, draft
 
 
-def _load_draft(value: str, target, load):
+def _load_draft(value: str, target, load, fmt: str | None = None):
     """A draft model, or an EAGLE head (``jaxspec.eagle``: saved, or a published EAGLE-3 checkpoint) made for
-    ``target``."""
+    ``target``; with ``fmt`` (``--quantize``) the head's own weights quantized too (a model's as ``load`` reads
+    it)."""
     where = paths.resolve(value)
     if eagle.is_head(where) or eagle3_format.is_eagle3(where):
         try:
-            return eagle.load(value, target)
+            head = eagle.load(value, target)
         except ValueError as err:
             raise CliError(f"--draft: cannot load {value!r}: {err}") from None
+        return head if fmt is None else jaxspec.quantize(head, fmt)
     return load(value, "--draft")
 
 

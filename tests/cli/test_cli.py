@@ -203,6 +203,23 @@ def test_quantize_loads_both_models_quantized(pair, capsys):
     assert "--quantize" in capsys.readouterr().err
 
 
+def test_quantize_reaches_an_eagle_heads_own_weights(pair, tmp_path):
+    """--quantize with an EAGLE head as --draft: the head's own projections are held int8 too (negative control:
+    without the flag they stay float)."""
+    from jaxspec.cli.models import load_models
+    from jaxspec.drafters import eagle
+    from jaxspec.models import eagle as eagle_model
+
+    target = pair["target"]
+    cfg = eagle_model.head_config(target.config, vocab_ids=tuple(range(0, 64, 2)))
+    head = eagle.EagleDrafter.for_target(target, eagle_model.init_own(cfg, seed=1), config=cfg, name="head")
+    path = str(eagle.save(head, tmp_path / "head"))
+    flags = ["--target", pair["target_dir"], "--draft", path, "--no-progress"]
+    for extra, dtype in (([], np.float32), (["--quantize", "w8a8"], np.int8)):
+        _, loaded = load_models(cli.build_parser().parse_args(["generate", "x", *flags, *extra]))
+        assert isinstance(loaded, eagle.EagleDrafter) and loaded.params["fc"]["kernel"].dtype == dtype
+
+
 def test_speedup_line_offers_no_bound_as_an_estimate():
     spec = SimpleNamespace(mode="speculative", tokens_per_round=2.46, policy=None)
     assert speedup_line(spec).startswith("speed-up: not measured") and "2.46" not in speedup_line(spec)
