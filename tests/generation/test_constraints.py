@@ -19,6 +19,7 @@ import jaxspec
 from jaxspec import llama
 from jaxspec.core.grammar import Grammar
 from jaxspec.generation import constraints
+from jaxspec.policy import AutoGamma
 
 EOS = 4
 
@@ -93,18 +94,29 @@ def test_device_tables_pad_and_free_rows(tokenizer):
     np.testing.assert_array_equal(allowed[0], [True, False, True, True, False])  # a (of ab), c, ab
 
 
-@pytest.mark.parametrize("draft_kind", ["model", "lookup"])
+@pytest.mark.parametrize("draft_kind", ["model", "lookup", "lookup-first", "auto"])
 def test_greedy_speculation_under_constraints_equals_plain(pair, draft_kind):
     """Mixed rows (a regex, choices, none) in one call: speculative greedy == plain greedy, every constrained
-    output matches its constraint, and the forced EOS after ``c`` is counted."""
+    output matches its constraint, and the forced EOS after ``c`` is counted. Drafters: a draft model, prompt
+    lookup, ``LookupFirst`` (lookup's copies, the model elsewhere) and ``gamma="auto"`` (a policy that speculates
+    whatever this machine's timings, over chains: constraints rule trees out)."""
     target, draft = pair
-    drafter = draft if draft_kind == "model" else "prompt_lookup"
+    drafter, gamma = {
+        "model": (draft, 3),
+        "lookup": ("prompt_lookup", 3),
+        "lookup-first": (jaxspec.LookupFirst(draft, draft_gamma=2), 3),
+        "auto": (draft, "auto"),
+    }[draft_kind]
     prompts = [[0, 1, 3], [3, 3, 0, 1], [2, 0], [1]]
     rules = [jaxspec.Regex("(a|b)+c?"), {"choices": ["abc", "ca"]}, None, jaxspec.Regex("(ab)*c")]
     kw = dict(max_new_tokens=6, temperature=0.0, constraint=rules)
     plain = jaxspec.generate(target, prompts, **kw)
-    spec = jaxspec.generate(target, prompts, draft=drafter, gamma=3, **kw)
+    policy = AutoGamma(margin=0.0, keep_costs=False) if gamma == "auto" else None
+    spec = jaxspec.generate(target, prompts, draft=drafter, gamma=gamma, policy=policy, **kw)
     assert spec.tokens == plain.tokens
+    assert spec.stats.mode == "speculative" and spec.stats.drafted > 0
+    if gamma == "auto":
+        assert spec.stats.policy["tree"] is None and "tree:4,2,4" not in spec.stats.policy["expected_speedup"]
     text = {0: "a", 1: "b", 2: "c", 3: "ab"}
     patterns = ["(a|b)+c?", "(abc|ca)", None, "(ab)*c"]
     for tokens, reason, row, pattern in zip(spec.tokens, spec.finish_reasons, spec.stats.rows, patterns):
