@@ -162,6 +162,7 @@ TREE = (3, 2, 3)  # 2 + 2 × 3 = 8 nodes
 
 
 def _tree_policy(target, draft, v: dict, **kw):
+    kw.setdefault("sibling_gain", 0.25)
     p = AutoGamma(gammas=(2,), trees=(TREE,), keep_costs=False, half_life=None, **kw)
     p.set_costs(target, draft, 1, 64, Costs(c=0.1, v=v, prefill=0.0))
     p.observe(target, draft, True, accepted=960, drafted=2000, accept_hist=CHAIN_HIST)

@@ -562,7 +562,7 @@ def test_auto_chooses_a_tree_and_learns_its_acceptance(target, small_draft):
     trees of that shape (greedy: the same tokens as plain decoding), the policy learns the shape's acceptance
     from it, and the next call decides from that measurement. An engine run stays among chains."""
     tree = (3, 2, 3)
-    policy = AutoGamma(gammas=(2,), trees=(tree,), keep_costs=False)
+    policy = AutoGamma(gammas=(2,), trees=(tree,), keep_costs=False, sibling_gain=0.25)
     policy.set_costs(target, small_draft, 1, 64, Costs(c=0.1, v={2: 1.0}, prefill=0.0))
     policy.observe(target, small_draft, True, accepted=960, drafted=2000, accept_hist=(400, 240, 360))
     kw = dict(draft=small_draft, gamma="auto", policy=policy, max_new_tokens=24, temperature=0.0)
