@@ -2,9 +2,11 @@
 
 Workload: functions of the standard library's *held-out* files (``jaxspec.training.corpus.stdlib_files``: never
 trained on), each shown to SmolLM2-135M-Instruct with the request to describe it as a JSON object
-``{"name", "args", "returns"}`` of ``SCHEMA`` (identifiers for the name and the arguments, at most 8 of them).
+``{"name", "args", "returns"}`` of ``SCHEMA`` (identifiers for the name and the arguments, at most 8 of them, and
+at most 60 characters for what it returns).
 Modes, interleaved prompt by prompt at batch 1 (greedy, the chat template): plain decoding without the constraint,
-plain decoding with it, and speculative decoding with it, drafted by the shipped EAGLE head and by prompt lookup.
+plain decoding with it, and speculative decoding with it, drafted by the shipped EAGLE head, by prompt lookup and by
+``LookupFirst`` (prompt lookup's copies where the context matches, γ = 4, the head's two drafts elsewhere).
 Reported per mode: schema-valid outputs (parsed and checked against the schema by hand, not by the automaton),
 complete outputs, name/args equal to the function's own (read with ``ast``), tokens, tok/s, α, τ, the share of
 forced tokens, the speed-up over constrained plain decoding (greedy outputs are the same in every constrained
@@ -28,7 +30,9 @@ SCHEMA = {
     "properties": {
         "name": {"type": "string", "pattern": IDENT},
         "args": {"type": "array", "items": {"type": "string", "pattern": IDENT}, "maxItems": 8},
-        "returns": {"type": "string"},
+        # bounded: the prompt asks for a few words, and unbounded, 2 of 24 outputs looped inside this string until
+        # max_new_tokens (a constraint's length bound multiplies its automaton's states: 97 -> 688 here)
+        "returns": {"type": "string", "maxLength": 60},
     },
     "required": ["name", "args", "returns"],
 }
@@ -38,7 +42,8 @@ PROMPT = (
 )
 # plain-free: no constraint; plain-any: a constraint that allows every text (the masking's cost on the same tokens);
 # the others constrained by SCHEMA
-MODES = ("plain-free", "plain-any", "plain", "eagle", "lookup")
+MODES = ("plain-free", "plain-any", "plain", "eagle", "lookup", "lookup+eagle")
+SPECULATIVE = ("eagle", "lookup", "lookup+eagle")
 ANY = r"[\s\S]*"
 
 
@@ -69,7 +74,8 @@ def functions(count: int) -> list[dict]:
 
 
 def valid(text: str) -> bool:
-    """Whether ``text`` is a JSON object of ``SCHEMA``: exactly its keys, in order, of its types and patterns."""
+    """Whether ``text`` is a JSON object of ``SCHEMA``: exactly its keys, in order, of its types, patterns and
+    lengths."""
     try:
         doc = json.loads(text)
     except ValueError:
@@ -85,6 +91,7 @@ def valid(text: str) -> bool:
         and len(args) <= 8
         and all(isinstance(x, str) and ident.match(x) for x in args)
         and isinstance(returns, str)
+        and len(returns) <= 60
     )
 
 
@@ -102,6 +109,7 @@ def run(args) -> dict:
         "plain": dict(draft=None, constraint=rule),
         "eagle": dict(draft=head, constraint=rule),
         "lookup": dict(draft="prompt_lookup", constraint=rule),
+        "lookup+eagle": dict(draft=jaxspec.LookupFirst(head), gamma=4, constraint=rule),
     }
     # one cache length for every call (the longest prompt's bucket), so each mode compiles once, in its warm-up
     lengths = [len(ids) for ids in tokenize(target, prompts, chat=True)]
@@ -160,9 +168,7 @@ def run(args) -> dict:
         free = mode in ("plain-free", "plain-any")
         summary[mode]["speedup_vs_constrained_plain"] = None if free else base / summary[mode]["wall_s"]
     same = all(
-        rows[m][i]["token_ids"] == rows["plain"][i]["token_ids"]
-        for m in ("eagle", "lookup")
-        for i in range(len(prompts))
+        rows[m][i]["token_ids"] == rows["plain"][i]["token_ids"] for m in SPECULATIVE for i in range(len(prompts))
     )
     # the masking's cost: the permissive constraint against none, over the same prompts (the same tokens, unless the
     # model picks a special token that the constraint never allows)

@@ -383,5 +383,6 @@ def test_structured_workload_is_held_out_and_validity_is_checked_by_hand():
         '{"name": "f", "args": []}',
         '{"name": "f", "args": [], "returns": "x"',
         '{"name": "f g", "args": [], "returns": ""}',
+        '{"name": "f", "args": [], "returns": "' + "x" * 61 + '"}',
     ):
         assert not structured.valid(bad), bad
