@@ -182,9 +182,12 @@ def round_costs(costs: Costs, gammas, observed=None) -> dict:
     (1 + s)); a plain step unobserved as 1; a speculative round unobserved as ``costs.round_cost(γ)`` times the
     correction measured at the nearest observed speculative γ (observed ÷ predicted: what the prediction leaves
     out, such as the rejection sampler and the bookkeeping of a round), 1 before any. r(γ) is then a round's
-    estimate ÷ the plain step's, and at least 1: a round's target pass alone costs a plain step, so a lower
-    figure is timing noise (say, a standalone step timed during a burst of load), which would otherwise make
-    speculation look free even at α = 0. Without ``step_s`` the observations are not used."""
+    estimate ÷ the plain step's, and at least its verify pass's v (the timed pass over γ + 1 tokens, or over a
+    tree's nodes and root) or 1, whichever is lower: a round's target pass alone costs that, so a lower figure is
+    timing noise (say, a standalone step timed during a burst of load), which would otherwise make speculation look
+    free even at α = 0. Where v < 1 (a GPU's one-row pass is slower than its few-row one: 0.8–0.9 of a step on an
+    H100/H200) a round may cost less than a plain step, as measured there. Without ``step_s`` the observations are
+    not used."""
     unit = costs.step_s * (1 + (0.0 if costs.round else costs.sampling))
     seen = {g: s / unit for g, s in (observed or {}).items() if unit > 0 and s > 0}
     spec = sorted(g for g in seen if not isinstance(g, tuple) and g > 0)
@@ -200,7 +203,11 @@ def round_costs(costs: Costs, gammas, observed=None) -> dict:
             near = min(spec, key=lambda s: (abs(s - depth), s))
             factor = seen[near] / costs.round_cost(near)
         out[g] = costs.round_cost(g) * factor / plain
-    return {g: max(r, 1.0) for g, r in out.items()}
+
+    def floor(g) -> float:
+        return min(1.0, costs.verify_cost(tree_nodes(g) + 1 if isinstance(g, tuple) else g + 1))
+
+    return {g: max(r, floor(g)) for g, r in out.items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -215,6 +215,10 @@ def test_round_costs_by_hand():
     assert near == pytest.approx({1: 2.6, 2: 1.5 * 2.0, 4: 1.9})
     # a round observed faster than a plain step is noise: r(γ) is at least 1
     assert round_costs(costs, gammas, {0: 0.02, 2: 0.018}) == pytest.approx({1: 1.0, 2: 1.0, 4: 1.14})
+    # where a verify pass costs less than a step (a GPU: v 0.86), a round may too, down to v, and no lower
+    gpu = Costs(c=0.03, v={2: 0.86}, prefill=0.0, step_s=0.01)
+    assert round_costs(gpu, (2,), {0: 0.01, 2: 0.0093}) == pytest.approx({2: 0.93})
+    assert round_costs(gpu, (2,), {0: 0.01, 2: 0.007}) == pytest.approx({2: 0.86})
     # without the step's seconds nothing observed can be converted: the prediction stands
     assert round_costs(Costs(c=0.1, v={2: 1.3}, prefill=0.0), (2,), {2: 0.5}) == pytest.approx({2: 1.5})
 
