@@ -25,6 +25,7 @@ from jaxspec.generation.request import tokenize
 from jaxspec.training import corpus
 
 IDENT = "^[A-Za-z_][A-Za-z0-9_]*$"
+RETURNS_MAX = 60  # characters of "returns"
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -32,7 +33,7 @@ SCHEMA = {
         "args": {"type": "array", "items": {"type": "string", "pattern": IDENT}, "maxItems": 8},
         # bounded: the prompt asks for a few words, and unbounded, 2 of 24 outputs looped inside this string until
         # max_new_tokens (a constraint's length bound multiplies its automaton's states: 97 -> 688 here)
-        "returns": {"type": "string", "maxLength": 60},
+        "returns": {"type": "string", "maxLength": RETURNS_MAX},
     },
     "required": ["name", "args", "returns"],
 }
@@ -91,7 +92,7 @@ def valid(text: str) -> bool:
         and len(args) <= 8
         and all(isinstance(x, str) and ident.match(x) for x in args)
         and isinstance(returns, str)
-        and len(returns) <= 60
+        and len(returns) <= RETURNS_MAX
     )
 
 

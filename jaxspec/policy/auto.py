@@ -71,6 +71,7 @@ from typing import cast
 
 import jax
 
+from jaxspec.drafters.branching import check_tree
 from jaxspec.policy import store, timing
 from jaxspec.policy.cost import (
     GAMMAS,
@@ -246,13 +247,7 @@ class AutoGamma:
         if not isinstance(probe_alpha, (int, float)) or not 0 < probe_alpha <= 1:
             raise ValueError(f"probe_alpha must be a number in (0, 1], got {probe_alpha!r}")
         self.probe_alpha = float(probe_alpha)
-        shapes = []
-        for tree in trees or ():
-            parts = tuple(tree) if isinstance(tree, (tuple, list)) else ()
-            if len(parts) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in parts):
-                raise ValueError(f"trees must hold (depth, branch, width) shapes of three ints >= 1, got {tree!r}")
-            shapes.append(parts)
-        self.trees = tuple(dict.fromkeys(shapes))
+        self.trees = tuple(dict.fromkeys(check_tree(tree) for tree in trees or ()))  # ValueError naming "tree"
         if not isinstance(sibling_gain, (int, float)) or not 0 <= sibling_gain < 1:
             raise ValueError(f"sibling_gain must be a number in [0, 1), got {sibling_gain!r}")
         self.sibling_gain = float(sibling_gain)
