@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--draft",
         help="draft model to distill: a directory or a shipped name (an EAGLE head goes on training from its "
-        "weights; --data only)",
+        "weights; --data only; with --new-draft eagle3=K, a new EAGLE-3 head starts from the EAGLE head)",
     )
     ap.add_argument(
         "--new-draft",
@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         "drafts from the target's hidden states; --data only, see jaxspec.training.eagle), or eagle3=4 (an "
         "EAGLE-3 head over the target's low, middle and high layers, trained with 4 draft steps of "
         "training-time test; --data only, see jaxspec.training.eagle3; lm_head=0 keeps the target's LM head "
-        "at the draft vocabulary, neither trained nor stored); add vocab=N for a "
-        "reduced vocabulary of the N ids most frequent in --data (see distill_offline)",
+        "at the draft vocabulary, neither trained nor stored; aux=2:15:30 chooses the tapped layers); add "
+        "vocab=N for a reduced vocabulary of the N ids most frequent in --data (see distill_offline)",
     )
     ap.add_argument("--prompts", help='JSONL file, one {"prompt": ...} or {"turns": [...]} a line')
     ap.add_argument(
@@ -100,8 +100,8 @@ def main(argv=None):
     offline (``--data``). Bad flags exit through ``argparse`` (status 2)."""
     ap = build_parser()
     args = ap.parse_args(argv)
-    if (args.draft is None) == (args.new_draft is None):
-        ap.error("give exactly one of --draft and --new-draft")
+    if args.draft is None and args.new_draft is None:
+        ap.error("give --draft or --new-draft (both: a new EAGLE-3 head started from the EAGLE head --draft)")
     if args.temperature_scale == "auto" and not args.heldout_data:
         ap.error("--temperature-scale auto chooses the scale on --heldout-data: give it")
     if (args.prompts is None) == (args.data is None):
@@ -114,6 +114,23 @@ def main(argv=None):
             spec = parse_spec(args.new_draft)
         except ValueError as e:
             ap.error(str(e))
+        if args.draft is not None:  # a new EAGLE-3 head that starts from an EAGLE head
+            if "eagle3_steps" not in spec or spec.keys() - {"eagle3_steps", "aux_layers"} or not args.data:
+                ap.error(
+                    "--draft with --new-draft: an EAGLE head to start a new EAGLE-3 head from, with --new-draft "
+                    "eagle3=K[,aux=...] (its vocabulary and LM head are the EAGLE head's) and --data"
+                )
+            progress.stage("loading", f"EAGLE head {args.draft}")
+            where = resolve(args.draft)
+            if not eagle.is_head(where):
+                ap.error(f"--draft {args.draft}: not an EAGLE head (needed to start an EAGLE-3 head from)")
+            try:
+                start = eagle3_training.from_eagle_head(
+                    target, eagle.load(args.draft, target), args.data, aux_layers=spec.get("aux_layers")
+                )
+            except ValueError as e:
+                ap.error(f"--draft {args.draft}: {e}")
+            return _run_eagle3(args, target, {"eagle3_steps": spec["eagle3_steps"]}, init=start)
         if "eagle_layers" in spec or "eagle3_steps" in spec:
             if not args.data:
                 ap.error(f"--new-draft {args.new_draft.split('=')[0]}=K trains offline: give --data")
@@ -197,6 +214,7 @@ def _run_eagle3(args, target, spec, init=None):
         out_dir=args.out,
         steps_ahead=steps,
         vocab=spec.get("vocab"),
+        aux_layers=spec.get("aux_layers"),
         train_lm_head=None if "lm_head" not in spec else bool(spec["lm_head"]),
         init=init,
         steps=args.steps,

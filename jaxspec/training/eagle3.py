@@ -309,7 +309,11 @@ def train_head(
     if init is not None:
         cfg = init.config
         assert isinstance(cfg, eagle3.Eagle3Config)
-        own = {k: jnp.asarray(init.params[k]) for k in eagle3.OWN if k != "lm_head" or not init.shared_lm_head}
+        own = {
+            k: jax.tree.map(jnp.asarray, init.params[k])
+            for k in eagle3.OWN
+            if k != "lm_head" or not init.shared_lm_head
+        }
     else:
         vocab_ids: tuple[int, ...] = tuple(range(target.vocab_size))
         if vocab:
@@ -364,6 +368,110 @@ def train_head(
     name = name or (init.name if init is not None else "eagle3")
     scale = 1.0 if init is None else init.temperature_scale
     return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=scale), log
+
+
+def from_eagle_head(
+    target: CausalLM, head: eagle.EagleDrafter, data, *, aux_layers: tuple[int, ...] | None = None, tokens: int = 2048
+) -> eagle.EagleDrafter:
+    """A new EAGLE-3 head for ``target`` that starts near the one-layer EAGLE(-1) ``head`` (trained for the same
+    target), for ``train_head(init=...)`` to go on from: training then starts from what that head learned instead of
+    from random weights.
+
+    The EAGLE head computes ``x0 = e·A + f·B`` (``fc``'s two halves; ``f`` the target's final-norm state, which is
+    the last layer's output, tap ``L``, normalized) and runs one decoder layer on it. The EAGLE-3 head gets: ``fc``
+    mapping tap ``L`` to ``(w_f ⊙ h_L)·B`` (``w_f`` the target's final-norm scale; the other taps start at zero, so
+    ``aux_layers`` must hold ``L``); ``norm_before_residual``, with ``hidden_norm`` scaled by the typical size of
+    ``f·B`` so that its output is ``f·B`` up to each token's scale; the attention's input halves
+    ``[input_norm(e), hidden_norm(g)]`` projected by the EAGLE head's ``W·diag(w_in)`` composed with ``A`` (the
+    embedding half) and alone (the feature half), each scaled by the typical ratio of its part's size to ``x0``'s;
+    the attention output, MLP, norms and final norm copied; the LM head the target's at the EAGLE head's draft
+    vocabulary. What it cannot carry over: ``e·A`` in the residual (EAGLE-3's residual holds no embedding), and the
+    EAGLE head's later draft steps (it feeds back the final-norm state through ``fc``; EAGLE-3 feeds back the
+    layer's output as is). The typical sizes are measured on the first ``tokens`` tokens of ``data`` (records as
+    ``train_head`` takes; training data, never the benchmark's). ``aux_layers``: default ``(2, L // 2, L)``."""
+    tcfg = target.config
+    n = tcfg.num_layers
+    if quant.format_of(target.params) is not None:
+        raise ValueError(
+            f"target {target.name!r} has {quant.format_of(target.params)} weights: start from the float one"
+        )
+    if not isinstance(head, eagle.EagleDrafter) or head.eagle3 or head.config.num_layers != 1:
+        raise ValueError(
+            f"head must be a one-layer EAGLE head (jaxspec.eagle.load), got {getattr(head, 'name', head)!r}"
+        )
+    if head.target_config != tcfg:
+        raise ValueError(f"head: the EAGLE head {head.name!r} was made for another target than {target.name!r}")
+    aux = (2, n // 2, n) if aux_layers is None else tuple(int(a) for a in aux_layers)
+    if n not in aux:
+        raise ValueError(f"aux_layers must hold {n} (the last layer's output, which the EAGLE head reads), got {aux}")
+    width, off = tcfg.hidden_size, tcfg.norm_offset
+    f32 = functools.partial(np.asarray, dtype=np.float32)
+    fc = f32(head.params["fc"]["kernel"])
+    a_half, b_half = fc[:width], fc[width:]
+    layers = head.params["layers"]
+    layer = jax.tree.map(f32, layers[0] if isinstance(layers, (list, tuple)) else jax.tree.map(lambda x: x[0], layers))
+    w_in = layer["input_norm"]["scale"] + off
+    w_final = f32(target.params["final_norm"]["scale"]) + off
+    e_size, g_size, fb_size = _typical_sizes(target, head, data, tokens, a_half, b_half, w_final)
+    vocab_ids = head.config.vocab_ids or tuple(range(tcfg.vocab_size))
+    cfg = eagle3.head_config(tcfg, vocab_ids, aux_layers=aux, norm_before_residual=True)
+    own = jax.tree.map(f32, eagle3.init_own(cfg))
+    fused = np.zeros((len(aux) * width, width), np.float32)
+    at = aux.index(n) * width
+    fused[at : at + width] = w_final[:, None] * b_half
+    own["fc"]["kernel"] = fused
+    new = own["layer"]
+    for name in ("q_proj", "k_proj", "v_proj"):
+        kernel = layer["attn"][name]["kernel"]
+        embed_part = e_size * (a_half * w_in[None]) @ kernel
+        feature_part = (g_size / fb_size) * w_in[:, None] * kernel
+        new["attn"][name]["kernel"] = np.concatenate([embed_part, feature_part], 0)
+    new["attn"]["o_proj"] = layer["attn"]["o_proj"]
+    new["input_norm"]["scale"] = np.ones(width, np.float32) - off
+    new["hidden_norm"]["scale"] = np.full(width, fb_size, np.float32) - off
+    new["post_attn_norm"], new["mlp"] = layer["post_attn_norm"], layer["mlp"]
+    own["final_norm"]["scale"] = f32(head.params["final_norm"]["scale"])
+    dtype = cfg.jnp_dtype
+    own = {k: jax.tree.map(lambda x: jnp.asarray(x, dtype), v) for k, v in own.items() if k != "lm_head"}
+    name = f"{head.name}-eagle3"
+    return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=head.temperature_scale)
+
+
+def _typical_sizes(target: CausalLM, head, data, tokens: int, a_half, b_half, w_final) -> tuple[float, float, float]:
+    """Means over the first ``tokens`` tokens of ``data`` of |e|/|x0|, |f·B|/|x0| and |f·B| (RMS sizes; ``x0 = e·A +
+    f·B`` as the EAGLE ``head`` computes it at each position)."""
+    cfg = target.config
+    records = read_data(data) if isinstance(data, (str, Path)) else list(data)
+    taps = jax.jit(llama.taps_fn(cfg, (cfg.num_layers,)))
+    table = np.asarray(head.params["embed"], np.float32)
+    scale = (cfg.hidden_size**0.5 if cfg.embed_scale else 1.0) * cfg.embedding_multiplier
+
+    def rms(x):
+        return np.sqrt(np.mean(x * x, -1))
+
+    length = 256  # every record cut or padded to one shape: one compile
+    sizes, seen = [], 0
+    for prompt, output in records:
+        seq = (prompt + output)[: length + 1]
+        if len(seq) < 2:
+            continue
+        ids = np.zeros((1, length), np.int32)
+        ids[0, : len(seq) - 1] = seq[:-1]
+        positions = jnp.arange(length, dtype=jnp.int32)[None]
+        h = np.asarray(taps(target.params, jnp.asarray(ids), positions, target.init_cache(1, length))[1][0], np.float32)
+        h = h[: len(seq) - 1]
+        f = h / np.sqrt(np.mean(h * h, -1, keepdims=True) + cfg.rms_norm_eps) * w_final
+        e = table[np.asarray(seq[1:])] * scale
+        fb = f @ b_half
+        x0 = e @ a_half + fb
+        sizes.append(np.stack([rms(e) / rms(x0), rms(fb) / rms(x0), rms(fb)], -1))
+        seen += len(seq) - 1
+        if seen >= tokens:
+            break
+    if not sizes:
+        raise ValueError("data: no record of two tokens or more to measure the EAGLE head's feature sizes on")
+    e_size, g_size, fb_size = np.concatenate(sizes).mean(0)
+    return float(e_size), float(g_size), float(fb_size)
 
 
 SCALES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0, 1.1, 1.25)  # tune_temperature_scale's default grid

@@ -75,21 +75,29 @@ _SPEC_KEYS = {
     "eagle3": "eagle3_steps",
     "vocab": "vocab",
     "lm_head": "lm_head",
+    "aux": "aux_layers",
 }
 
 
 def parse_spec(text: str) -> dict:
     """``"hidden=256,layers=2"`` (a ``--new-draft`` spec; keys: hidden, layers, heads, kv_heads, intermediate,
     target_layers, vocab; or eagle with vocab, for ``training.eagle.train_head``; or eagle3 (its steps of
-    training-time test) with vocab and lm_head (0: the target's LM head, not trained), for
-    ``training.eagle3.train_head``) -> keyword arguments of ``make_draft``. ``ValueError`` for an unknown key, a
-    value that is not a positive int (lm_head: 0 or 1), or ``target_layers`` with anything but ``vocab``."""
-    out = {}
+    training-time test) with vocab, lm_head (0: the target's LM head, not trained) and aux (the tapped target
+    layers, colon-separated: ``aux=2:15:30``), for ``training.eagle3.train_head``) -> keyword arguments of
+    ``make_draft``. ``ValueError`` for an unknown key, a value that is not a positive int (lm_head: 0 or 1; aux:
+    distinct ints >= 0), or ``target_layers`` with anything but ``vocab``."""
+    out: dict = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         key = key.strip()
         if key == "lm_head" and value.strip() in ("0", "1"):
             out[key] = int(value)
+            continue
+        if key == "aux":
+            layers = value.strip().split(":")
+            if not all(x.isdigit() for x in layers) or len(set(map(int, layers))) != len(layers):
+                raise ValueError(f"--new-draft: {part!r}: aux takes distinct target layers, e.g. aux=2:15:30")
+            out["aux_layers"] = tuple(map(int, layers))
             continue
         if key not in _SPEC_KEYS or not value.strip().isdigit() or int(value) < 1:
             raise ValueError(f"--new-draft: {part!r} is not KEY=positive int with KEY in {sorted(_SPEC_KEYS)}")
@@ -99,13 +107,14 @@ def parse_spec(text: str) -> dict:
             "--new-draft: eagle=K is an EAGLE head of K layers at the target's width (jaxspec.training.eagle); "
             "it combines only with vocab=N"
         )
-    if "eagle3_steps" in out and out.keys() - {"eagle3_steps", "vocab", "lm_head"}:
+    if "eagle3_steps" in out and out.keys() - {"eagle3_steps", "vocab", "lm_head", "aux_layers"}:
         raise ValueError(
             "--new-draft: eagle3=K is an EAGLE-3 head trained with K draft steps of training-time test "
-            "(jaxspec.training.eagle3); it combines only with vocab=N and lm_head=0|1"
+            "(jaxspec.training.eagle3); it combines only with vocab=N, lm_head=0|1 and aux=L1:L2:L3"
         )
-    if "lm_head" in out and "eagle3_steps" not in out:
-        raise ValueError("--new-draft: lm_head=0|1 is for an EAGLE-3 head (eagle3=K)")
+    for key, spelled in (("lm_head", "lm_head=0|1"), ("aux_layers", "aux=L1:L2:L3")):
+        if key in out and "eagle3_steps" not in out:
+            raise ValueError(f"--new-draft: {spelled} is for an EAGLE-3 head (eagle3=K)")
     if "target_layers" in out and out.keys() - {"target_layers", "vocab"}:
         raise ValueError(
             "--new-draft: target_layers=K takes the target's first K layers at the target's sizes; "

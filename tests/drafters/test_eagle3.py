@@ -235,7 +235,7 @@ def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, targ
         "--target",
         str(tmp_path / "target"),
         "--new-draft",
-        "eagle3=2,vocab=40,lm_head=0",  # the target's LM head: neither trained nor stored
+        "eagle3=2,vocab=40,lm_head=0,aux=1:4",  # the target's LM head: neither trained nor stored
         "--data",
         str(tmp_path / "data.jsonl"),
     ]
@@ -246,6 +246,7 @@ def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, targ
     reloaded = jaxspec.load(tmp_path / "target")
     loaded = eagle.load(tmp_path / "head3", reloaded)
     assert loaded.eagle3 and loaded.name == "head3" and loaded.config.draft_vocab_size == 40
+    assert loaded.config.aux_layers == (1, 4)  # tap 4: the last layer's output
     assert loaded.shared_lm_head and "lm_head" not in np.load(tmp_path / "head3" / "model.npz").files
     columns = eagle3.target_head_columns(loaded.config, reloaded.config, reloaded.params)
     np.testing.assert_allclose(np.asarray(loaded.params["lm_head"]), np.asarray(columns), atol=1e-6)
@@ -258,8 +259,9 @@ def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, targ
     from jaxspec.cli.models import _load_draft
 
     assert _load_draft(str(tmp_path / "head3"), target, None).eagle3
-    with pytest.raises(SystemExit):  # eagle3=K with other sizes is refused
-        main(["--target", str(tmp_path / "target"), "--new-draft", "eagle3=2,layers=2", "--data", "d", "--out", "o"])
+    for spec in ("eagle3=2,layers=2", "eagle3=2,aux=1:1", "eagle=1,aux=1:2"):  # other sizes, repeated or misplaced taps
+        with pytest.raises(SystemExit):
+            main(["--target", str(tmp_path / "target"), "--new-draft", spec, "--data", "d", "--out", "o"])
 
 
 def test_a_killed_feature_pass_goes_on_from_its_last_flush(tmp_path, target, monkeypatch):
@@ -293,3 +295,69 @@ def test_a_killed_feature_pass_goes_on_from_its_last_flush(tmp_path, target, mon
     assert not (tmp_path / "run" / train3.PROGRESS).exists()
     again = train3.extract_features(target, records, (1, 2), tmp_path / "run", batch_size=2, progress=False)
     np.testing.assert_array_equal(np.asarray(again[0]), np.asarray(whole[0]))
+
+
+def test_a_new_eagle3_head_starts_near_an_eagle_head(tmp_path, target, capsys):
+    """from_eagle_head: an EAGLE-3 head that drafts its first step as the EAGLE head does (whose embedding half
+    is small here, the part of its input EAGLE-3's residual cannot hold), on a target and head whose norm scales
+    are not ones, so each scale's place in the mapping matters. Negative controls: a random EAGLE-3 head, and the
+    mapping with the target's last layer read from the wrong tap. Then the CLI trains it (--draft with
+    --new-draft)."""
+    import dataclasses
+
+    from jaxspec.cli.distill import main
+    from jaxspec.models import eagle as eagle_model
+    from jaxspec.training import eagle3 as train3
+
+    rng = np.random.default_rng(3)
+    params = jax.tree.map(lambda x: x, target.params)
+    params["final_norm"] = {"scale": jnp.asarray(rng.uniform(0.5, 1.5, target.config.hidden_size), jnp.float32)}
+    tgt = dataclasses.replace(target, params=params)
+    cfg1 = eagle_model.head_config(tgt.config)
+    own1 = eagle_model.init_own(cfg1, seed=2)
+    width = cfg1.hidden_size
+    own1["fc"]["kernel"] = own1["fc"]["kernel"].at[:width].multiply(0.05)
+    for norm in ("input_norm", "post_attn_norm"):
+        shape = own1["layers"][norm]["scale"].shape
+        own1["layers"][norm]["scale"] = jnp.asarray(rng.uniform(0.5, 1.5, shape), jnp.float32)
+    own1["final_norm"]["scale"] = jnp.asarray(rng.uniform(0.5, 1.5, width), jnp.float32)
+    head1 = eagle.EagleDrafter.for_target(tgt, own1, config=cfg1, name="e1")
+    records = [(p[:1], p[1:] * 3) for p in PROMPTS]
+    with pytest.raises(ValueError, match="must hold 4"):
+        train3.from_eagle_head(tgt, head1, records, aux_layers=(1, 2, 3))
+    warm = train3.from_eagle_head(tgt, head1, records, aux_layers=(1, 2, 4))
+    assert warm.eagle3 and warm.shared_lm_head and warm.config.norm_before_residual
+
+    seqs = jnp.asarray(rng.integers(2, 96, size=(4, 33)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(32), (4, 32))
+    _, taps, _ = llama.taps_fn(tgt.config, (1, 2, 4))(tgt.params, seqs[:, :32], positions, tgt.init_cache(4, 32))
+    h = taps[..., 2 * width :]
+    f = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + tgt.config.rms_norm_eps) * params["final_norm"]["scale"]
+    apply1, cache1 = eagle_model.head_fns(cfg1)
+    want = np.asarray(apply1(head1.params, seqs[:, 1:], f, positions, cache1(4, 32))[0]).argmax(-1)
+
+    def agree(drafter, feats):
+        apply3, cache3 = eagle3.head_fns(drafter.config)
+        logits = apply3(drafter.params, seqs[:, 1:], feats, positions, cache3(4, 32))[0]
+        return float((np.asarray(logits).argmax(-1) == want).mean())
+
+    assert agree(warm, taps) >= 0.9
+    random_head = eagle.EagleDrafter.for_target(tgt, eagle3.init_own(warm.config, 1), config=warm.config)
+    assert agree(random_head, taps) < 0.3
+    wrong_tap = jnp.concatenate([h, taps[..., width : 2 * width], taps[..., :width]], -1)  # tap 4 where tap 1 goes
+    assert agree(warm, wrong_tap) < 0.5
+
+    tgt_dir, head_dir = tmp_path / "target", tmp_path / "e1"
+    jaxspec.save(tgt, tgt_dir)
+    eagle.save(head1, head_dir)
+    with open(tmp_path / "data.jsonl", "w") as fh:
+        for p, o in records:
+            fh.write(json.dumps({"prompt_ids": p, "output_ids": o}) + "\n")
+    flags = ["--target", str(tgt_dir), "--draft", str(head_dir), "--data", str(tmp_path / "data.jsonl")]
+    flags += ["--out", str(tmp_path / "run"), "--steps", "2", "--batch-size", "2", "--window", "16", "--no-progress"]
+    main([*flags, "--new-draft", "eagle3=2,aux=1:2:4", "--save-draft", str(tmp_path / "e3")])
+    assert "final loss" in capsys.readouterr().out
+    loaded = eagle.load(tmp_path / "e3", jaxspec.load(tgt_dir))
+    assert loaded.eagle3 and loaded.config.aux_layers == (1, 2, 4) and loaded.config.norm_before_residual
+    with pytest.raises(SystemExit):  # vocab comes from the EAGLE head
+        main([*flags, "--new-draft", "eagle3=2,vocab=40"])
