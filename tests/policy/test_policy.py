@@ -252,8 +252,12 @@ def test_first_call_compiles_only_its_loop_and_later_calls_learn_its_rounds(targ
     assert set(seen) == {g} and seen[g] > 0
     third = jaxspec.generate(target, prompts, **kw).stats.policy
     measured = seen[g] / (costs.step_s * (1 + s))
-    assert third["round_cost"][g] == pytest.approx(max(measured, 1.0))  # below a plain step: noise
-    assert third["round_cost"][other] == pytest.approx(max(predicted[other] * measured / predicted[g], 1.0))
+
+    def floor(x):  # a round costs at least its verify pass, or a plain step where that pass timed cheaper
+        return min(1.0, costs.v[x])
+
+    assert third["round_cost"][g] == pytest.approx(max(measured, floor(g)))  # below that: noise
+    assert third["round_cost"][other] == pytest.approx(max(predicted[other] * measured / predicted[g], floor(other)))
     policy.set_alpha(target, small_draft, True, 0.0)
     policy.margin = 1.0  # at α = 0 no γ beats plain decoding (τ = 1, a round costs more than a step)
     loops, prefills = loop.rounds_program.compiles, loop.prefill_program.compiles
@@ -267,7 +271,7 @@ def test_first_call_compiles_only_its_loop_and_later_calls_learn_its_rounds(targ
     seen = policy.observed_rounds(target, small_draft, 2, 64)
     assert set(seen) == {0, g}
     fourth = jaxspec.generate(target, prompts, **kw).stats.policy  # in units of the plain loop's step now
-    assert fourth["round_cost"][g] == pytest.approx(max(seen[g] / seen[0], 1.0))
+    assert fourth["round_cost"][g] == pytest.approx(max(seen[g] / seen[0], floor(g)))
 
 
 def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_draft):
@@ -502,17 +506,18 @@ def test_target_prefill_is_extrapolated_then_taken_from_the_calls(target, small_
     assert policy.observed_prefill(target, small_draft, 1, 128) == pytest.approx(0.01)
     assert policy.observed_prefill(target, small_draft, 2, 64) is None  # other shapes learn apart
 
-    # end to end: an auto call times its own prefill (not one that compiled: the first call always compiles, and a
-    # later one may too when its decision changes, e.g. to plain decoding), and the next decision uses it
+    # end to end: an auto call times its own prefill (not one that compiled its programs, as a first call of these
+    # shapes in this process does, or a later one whose decision changed, e.g. to plain decoding), and the next
+    # decision uses it
     live = AutoGamma(gammas=(2,), keep_costs=False)
     kw = dict(draft=small_draft, gamma="auto", policy=live, max_new_tokens=8, temperature=0.0)
     called = jaxspec.generate(target, [[5, 6, 7]], **kw).stats
     first = called.policy
-    assert called.compile_time_s > 0 and live.observed_prefill(target, small_draft, 1, 64) is None
     for _ in range(3):  # at most γ = 2 and plain decoding to compile
-        called = jaxspec.generate(target, [[5, 6, 7]], **kw).stats
         if called.compile_time_s == 0:
             break
+        assert live.observed_prefill(target, small_draft, 1, 64) is None  # a call that compiled records nothing
+        called = jaxspec.generate(target, [[5, 6, 7]], **kw).stats
     assert called.compile_time_s == 0
     per_token = live.observed_prefill(target, small_draft, 1, 64)
     assert per_token > 0
