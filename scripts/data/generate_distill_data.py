@@ -8,10 +8,18 @@ Prompts are chat-formatted (``--chat``) and tokenized, then decoded by ``jaxspec
 ``--batch-size`` slots, plain decoding, ``--temperature``, default greedy, EOS on) and appended to ``--out`` as
 ``{"id", "prompt_ids", "output_ids", "temperature"}``, one line per prompt as soon as its row finishes, flushed:
 a killed run resumes where it stopped.
+
+``--records`` instead of ``--prompts``: the target answers the chat prompts of stored records itself, e.g. the
+``fn-*`` records of ``make_reference_answers.py`` (their ``prompt_ids`` are chat-formatted already; its raw-source
+records are skipped), in an order shuffled by ``--shuffle SEED``, the first ``--limit N``:
+
+    python scripts/data/generate_distill_data.py --target smollm2-135m-instruct --records ref_data.jsonl \
+        --shuffle 5 --limit 2000 --out runs/smol/self_answers.jsonl
 """
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
@@ -22,7 +30,11 @@ from jaxspec.training.distill import read_prompts
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", required=True)
-    ap.add_argument("--prompts", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", help='JSONL, one {"prompt": ...} a line')
+    src.add_argument("--records", help='JSONL of stored records: answer their chat prompts ("id": "fn-...")')
+    ap.add_argument("--shuffle", type=int, metavar="SEED", help="--records: answer them in this shuffled order")
+    ap.add_argument("--limit", type=int, metavar="N", help="--records: only the first N (after --shuffle)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=160)
@@ -33,8 +45,16 @@ def main():
     args = ap.parse_args()
 
     target = jaxspec.load(args.target, args.dtype)
-    lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    texts = read_prompts(args.prompts)
+    if args.records:
+        lines = [json.loads(line) for line in Path(args.records).read_text().splitlines() if line.strip()]
+        lines = [r for r in lines if str(r.get("id", "")).startswith("fn-")]
+        if args.shuffle is not None:
+            random.Random(args.shuffle).shuffle(lines)
+        lines = lines[: args.limit]
+        texts = [r["prompt_ids"] for r in lines]
+    else:
+        lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+        texts = read_prompts(args.prompts)
     done = set()
     out = Path(args.out)
     if out.exists():
@@ -43,7 +63,9 @@ def main():
     for rec, text in zip(lines, texts):
         if rec["id"] in done:
             continue
-        if args.chat:
+        if args.records:  # chat-formatted token ids already
+            ids = list(text)
+        elif args.chat:
             ids = target.tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
             )
