@@ -43,6 +43,8 @@ def main():
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
+    if args.prompts and (args.shuffle is not None or args.limit is not None):
+        ap.error("--shuffle and --limit order and cut --records; with --prompts, edit the prompts file")
 
     target = jaxspec.load(args.target, args.dtype)
     if args.records:
