@@ -72,6 +72,24 @@ def head_gamma_of(mode: str, default: int) -> int:
     return int(mode.split("@")[1]) if "@" in mode else default
 
 
+def pooled_positions(hists: Sequence[Sequence[int]]) -> tuple[list[float | None], list[int] | None]:
+    """Acceptance per draft position over a mode's calls, from each call's ``accept_hist`` (at that call's γ or tree
+    depth; an auto mode's calls differ), and the calls' summed histogram (None when their lengths differ: summing
+    them would count a short round's full acceptance as a miss at the next position)."""
+    reached: list[int] = []
+    passed: list[int] = []
+    for hist in hists:
+        for i, (r, a) in enumerate(zip(*position_counts(hist))):
+            if i == len(reached):
+                reached.append(0)
+                passed.append(0)
+            reached[i] += r
+            passed[i] += a
+    lengths = {len(h) for h in hists}
+    total = [sum(col) for col in zip(*hists)] if len(lengths) == 1 else None
+    return [a / r if r else None for a, r in zip(passed, reached)], total
+
+
 def tree_of(mode: str) -> tuple[int, int, int]:
     """The shape of a ``tree:D,B,W`` (or ``draft-tree:D,B,W``) mode."""
     depth, branch, width = (int(x) for x in mode.split(":")[1].split(","))
@@ -185,7 +203,7 @@ def run(args) -> dict:
             calls = [ids[i : i + batch] for i in range(0, len(ids), batch)]
             base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
             totals: dict[str, dict[str, Any]] = {
-                m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hist=[]) for m in modes
+                m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hists=[]) for m in modes
             }
             choices: dict[str, dict[str, int]] = {m: {} for m in AUTO_MODES}
             last_decision: dict[str, dict] = {}  # the last call's decision per auto mode (its expected speed-ups)
@@ -228,12 +246,7 @@ def run(args) -> dict:
                     t["accepted"] += s.accepted
                     t["rounds"] += s.rounds
                     t["row_steps"] += s.target_passes
-                    hist = list(s.accept_hist or ())
-                    size = max(len(t["hist"]), len(hist))  # histograms of one mode: one length
-                    t["hist"] = [
-                        a + b
-                        for a, b in zip(t["hist"] + [0] * (size - len(t["hist"])), hist + [0] * (size - len(hist)))
-                    ]
+                    t["hists"].append(list(s.accept_hist or ()))
                     if m in AUTO_MODES and s.policy:
                         tree, g = s.policy.get("tree"), s.policy.get("gamma", 0)
                         key = f"tree {tuple(tree)}" if tree else ("plain" if g == 0 else f"γ={g}")
@@ -277,8 +290,7 @@ def run(args) -> dict:
                 chain = m == "fixed" or (m.startswith("eagle") and m != "eagle-auto")
                 bound = tau / (g * cm + vm) if chain else None
                 bound_alpha = bound_cpu(alpha, g, cm, vm) if bound and alpha is not None else None
-                reached, accepted = position_counts(t["hist"])
-                positions = [a / r if r else None for a, r in zip(accepted, reached)]
+                positions, hist = pooled_positions(t["hists"])
                 row = {
                     "temperature": temp,
                     "batch": batch,
@@ -294,7 +306,7 @@ def run(args) -> dict:
                     "bound": bound,
                     "bound_v1": None if bound is None else tau / (g * cm + 1.0),
                     "position_acceptance": positions,
-                    "accept_hist": t["hist"],
+                    "accept_hist": hist,
                     "bound_alpha_formula": bound_alpha,
                     "tokens": t["tokens"],
                     "seconds": t["seconds"],

@@ -386,3 +386,18 @@ def test_structured_workload_is_held_out_and_validity_is_checked_by_hand():
         '{"name": "f", "args": [], "returns": "' + "x" * 61 + '"}',
     ):
         assert not structured.valid(bad), bad
+
+
+def test_humaneval_pools_acceptance_by_position_per_call():
+    """An auto mode's calls run at different γ: a γ = 2 call accepting both drafts every round and a γ = 4 call
+    accepting three of four. Per call, position 3 was reached only by the second and always accepted; read from the
+    summed histogram, the first call's full rounds would count as misses there (the bug this guards)."""
+    from jaxspec.bench.humaneval import pooled_positions
+    from jaxspec.policy.cost import position_counts
+
+    positions, total = pooled_positions([[0, 0, 5], [0, 0, 0, 5, 0]])
+    assert positions == [1.0, 1.0, 1.0, 0.0] and total is None  # lengths differ: no summed histogram
+    reached, passed = position_counts([0, 0, 5, 5, 0])  # the summed histogram's reading
+    assert passed[2] / reached[2] == 0.5
+    assert pooled_positions([[1, 2, 3], [0, 1, 1]]) == ([7 / 8, 4 / 7], [1, 3, 4])  # one γ: the sum is kept
+    assert pooled_positions([[7]]) == ([], [7])  # plain decoding: no draft positions
