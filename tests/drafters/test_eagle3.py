@@ -88,13 +88,15 @@ def test_later_steps_read_the_heads_own_hidden_state(head):
         apply_fn(head.params, tokens, feats[..., :5], positions, init_cache(1, 4))
 
 
-@pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("gamma", [1, None])
 def test_greedy_with_an_eagle3_head_equals_plain(target, head, gamma):
+    """None: the head's default γ, 3 for an EAGLE-3 head (an EAGLE-1-style head's is 2)."""
     kwargs = dict(max_new_tokens=30, temperature=0.0, eos_token_id=())
     plain = jaxspec.generate(target, PROMPTS, **kwargs)
     spec = jaxspec.generate(target, PROMPTS, draft=head, gamma=gamma, **kwargs)
     assert spec.tokens == plain.tokens
     assert spec.stats.mode == "speculative" and spec.stats.drafted > 0
+    assert spec.stats.gamma == (gamma or 3) == (gamma or head.default_gamma)
 
 
 def test_engine_with_an_eagle3_head_equals_plain(target, head):
