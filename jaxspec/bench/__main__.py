@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_const",
         const="humaneval",
         help="SmolLM2-135M-Instruct + jaxspec/smollm2-draft on HumanEval (chat template): plain, fixed γ, "
-        "auto, prompt lookup and the EAGLE head jaxspec/smollm2-eagle, interleaved, per batch size and temperature",
+        "auto, prompt lookup and the EAGLE head jaxspec/smollm2-eagle3, interleaved, per batch size and temperature",
     )
     p.add_argument("--eagle-head", metavar="DIR", help="--humaneval: another EAGLE head (jaxspec.eagle.save's)")
     p.add_argument(

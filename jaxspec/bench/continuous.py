@@ -540,7 +540,7 @@ def _summary(doc: dict) -> None:
 
 
 SIZING_TARGET = "smollm2-135m-instruct"
-SIZING_HEAD = "jaxspec/smollm2-eagle"
+SIZING_HEAD = "jaxspec/smollm2-eagle3"
 
 
 @dataclasses.dataclass

@@ -40,7 +40,7 @@ from jaxspec.generation.inputs import bucket_cache
 from jaxspec.policy import AutoGamma
 from jaxspec.policy.cost import position_counts
 
-TARGET, DRAFT, HEAD = "smollm2-135m-instruct", "jaxspec/smollm2-draft", "jaxspec/smollm2-eagle"
+TARGET, DRAFT, HEAD = "smollm2-135m-instruct", "jaxspec/smollm2-draft", "jaxspec/smollm2-eagle3"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
 DEFAULT_MODES = ("plain", "fixed", "auto", "lookup", "eagle")
 MODES = (*DEFAULT_MODES, "eagle-auto", "lookup+eagle", "lookup-all")  # the last three only when asked

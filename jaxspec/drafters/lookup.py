@@ -99,7 +99,7 @@ class LookupFirst(Drafter):
     """Prompt lookup for the rows where it finds an n-gram, another drafter (a draft model, an EAGLE head) for the
     others, row by row in every round.
 
-        head = jaxspec.eagle.load("jaxspec/smollm2-eagle", target)
+        head = jaxspec.eagle.load("jaxspec/smollm2-eagle3", target)
         jaxspec.generate(target, prompts, draft=jaxspec.LookupFirst(head), gamma=4)   # lookup γ 4, head γ 2
 
     A copied continuation is accepted often where the output repeats its context (code that restates a

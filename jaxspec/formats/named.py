@@ -63,7 +63,8 @@ MODELS: dict[str, NamedModel] = {
         file_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size=98362432,
         license="Apache-2.0",
-        drafter="jaxspec/smollm2-eagle",  # its EAGLE head: the fastest drafter on HumanEval (docs/guides/benchmarks.md)
+        # its EAGLE-3 head, the fastest drafter on HumanEval (docs/guides/benchmarks.md)
+        drafter="jaxspec/smollm2-eagle3",
     ),
     # a benchmark, not a model: HumanEval's 164 problems (``jaxspec.bench --humaneval``); never trained on
     "humaneval": NamedModel(

@@ -2,7 +2,7 @@
 
     jaxspec distill --target smollm2-135m-instruct --data runs/smol/train_data.jsonl --out runs/eagle \\
         --new-draft eagle=1,vocab=8191 --steps 2000 --batch-size 8 --learning-rate 1e-3 \\
-        --save-draft checkpoints/smollm2-eagle
+        --save-draft my-head
 
 Two stages, both resumable from ``out_dir``:
   1. ``extract_features``: the target's final-norm hidden states at every position of every record (prompt and

@@ -29,7 +29,7 @@ from jaxspec.bench import humaneval
 jaxspec.enable_compilation_cache(cache)
 start = time.perf_counter()
 target = jaxspec.load("smollm2-135m-instruct")
-head = jaxspec.eagle.load("jaxspec/smollm2-eagle", target) if mode.startswith("head") else None
+head = jaxspec.eagle.load("jaxspec/smollm2-eagle3", target) if mode.startswith("head") else None
 load_s = time.perf_counter() - start
 prompt = humaneval.prompt_ids(target, humaneval.load_problems(prompt_index + 1))[prompt_index]
 kwargs = {

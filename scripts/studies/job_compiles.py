@@ -4,7 +4,7 @@ generates 64 new tokens for each of ``checkpoints/chat_prompts.jsonl`` at batch 
 
     python scripts/studies/job_compiles.py {cli,generate} {plain,fixed,auto} [CACHE_DIR]
 
-plain: no draft; fixed: the EAGLE head ``jaxspec/smollm2-eagle`` at its default γ (the CLI's default drafter);
+plain: no draft; fixed: the EAGLE head ``jaxspec/smollm2-eagle3`` at its default γ (the CLI's default drafter);
 auto: the head with ``gamma="auto"``. Greedy, chat template. The persistent compilation cache points at a new empty
 directory (so every program compiles; the job itself may load nothing). Counted: every XLA backend compile
 (``jax.monitoring``'s ``/jax/core/compile/backend_compile_duration`` events: their number and seconds), those over
@@ -53,7 +53,7 @@ def main() -> None:
     else:
         jaxspec.enable_compilation_cache(CACHE)  # what a process that chose nothing gets by default
         target = jaxspec.load("smollm2-135m-instruct")
-        head = jaxspec.eagle.load("jaxspec/smollm2-eagle", target)
+        head = jaxspec.eagle.load("jaxspec/smollm2-eagle3", target)
         kw = {"plain": dict(draft=None), "fixed": dict(draft=head), "auto": dict(draft=head, gamma="auto")}[MODE]
         with open(PROMPTS) as f:
             prompts = [json.loads(line)["prompt"] for line in f]

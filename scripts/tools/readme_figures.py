@@ -33,7 +33,7 @@ MAIN_JOB = (
     "--compare --plot acceptance.png"
 )
 HUMANEVAL = (
-    "python -m jaxspec.bench --humaneval --humaneval-modes plain,eagle,eagle-auto,lookup --eagle-gamma 2 --gamma 4 "
+    "python -m jaxspec.bench --humaneval --humaneval-modes plain,eagle,eagle-auto,lookup --eagle-gamma 3 --gamma 4 "
     "--batches 1,4 --temperatures 0 --max-new-tokens 64 --step-iters 3 --json bench.json --prompts-out ids.jsonl"
 )
 BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
@@ -85,8 +85,9 @@ def humaneval_body(doc: dict) -> str:
     def f(x, spec):
         return "-" if x is None else format(x, spec)
 
+    gamma = next((r["gamma"] for r in rows if r["mode"] == "eagle"), None)
     out = [
-        '| T | batch | plain tok/s | head γ = 2: α, τ, round | head vs plain (bound) | `gamma="auto"` (choices) '
+        f'| T | batch | plain tok/s | head γ = {gamma}: α, τ, round | head vs plain (bound) | `gamma="auto"` (choices) '
         "| prompt lookup γ = 4: α, τ | lookup vs plain |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -146,7 +146,7 @@ def test_default_draft_is_the_targets_own_drafter_at_its_own_gamma(pair, monkeyp
     from jaxspec.formats.paths import resolve
 
     own = default_draft("smollm2-135m-instruct")
-    assert own == "jaxspec/smollm2-eagle" and eagle.is_head(resolve(own))  # SmolLM2's shipped EAGLE head
+    assert own == "jaxspec/smollm2-eagle3" and eagle.is_head(resolve(own))  # SmolLM2's shipped EAGLE-3 head
     assert default_draft(pair["target_dir"]) == "prompt_lookup"  # a target with no drafter of its own
     seen = {}
 

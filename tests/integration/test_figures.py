@@ -26,6 +26,7 @@ def test_humaneval_table_from_a_bench_document():
             temperature=0.0,
             batch=1,
             mode="eagle",
+            gamma=3,
             alpha=0.519,
             tau=2.02,
             tok_s=36.8,
@@ -50,6 +51,7 @@ def test_humaneval_table_from_a_bench_document():
     ]
     body = figures.humaneval_body({"rows": rows})
     assert "| 0 | 1 | 32.0 | 0.519, 2.02, 1.75 | 1.15× (1.24) | 0.99× (plain ×164) | 0.422, 1.53 | 1.16× |" in body
+    assert "| head γ = 3: α, τ, round |" in body  # the head's γ in the run
     assert "Head c 0.084 (" in body and "v 1.45 (" in body  # one figure where the span is one value
 
 
