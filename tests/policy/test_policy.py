@@ -259,7 +259,9 @@ def test_first_call_compiles_only_its_loop_and_later_calls_learn_its_rounds(targ
     assert third["round_cost"][g] == pytest.approx(max(measured, floor(g)))  # below that: noise
     assert third["round_cost"][other] == pytest.approx(max(predicted[other] * measured / predicted[g], floor(other)))
     policy.set_alpha(target, small_draft, True, 0.0)
-    policy.margin = 1.0  # at α = 0 no γ beats plain decoding (τ = 1, a round costs more than a step)
+    # at α = 0 no γ beats plain decoding (τ = 1, a round costs about a step or more); a margin of 2 keeps the decision
+    # plain when a loaded machine times a verify pass below a step (seen once, beside a benchmark)
+    policy.margin = 2.0
     loops, prefills = loop.rounds_program.compiles, loop.prefill_program.compiles
     plain = jaxspec.generate(target, prompts, **kw)
     assert plain.stats.mode == "plain" and plain.tokens == first.tokens
