@@ -38,7 +38,7 @@ from jaxspec.formats import named
 from jaxspec.formats.jsonl import read_jsonl
 from jaxspec.generation.inputs import bucket_cache
 from jaxspec.policy import AutoGamma
-from jaxspec.policy.cost import position_counts
+from jaxspec.policy.auto import Acceptance
 
 TARGET, DRAFT, HEAD = "smollm2-135m-instruct", "jaxspec/smollm2-draft", "jaxspec/smollm2-eagle3"
 PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
@@ -76,15 +76,10 @@ def pooled_positions(hists: Sequence[Sequence[int]]) -> tuple[list[float | None]
     """Acceptance per draft position over a mode's calls, from each call's ``accept_hist`` (at that call's γ or tree
     depth; an auto mode's calls differ), and the calls' summed histogram (None when their lengths differ: summing
     them would count a short round's full acceptance as a miss at the next position)."""
-    reached: list[int] = []
-    passed: list[int] = []
+    counts = Acceptance()  # gamma="auto"'s own per-call pooling
     for hist in hists:
-        for i, (r, a) in enumerate(zip(*position_counts(hist))):
-            if i == len(reached):
-                reached.append(0)
-                passed.append(0)
-            reached[i] += r
-            passed[i] += a
+        counts.add(0, 0, hist)
+    reached, passed = counts.position_reached, counts.position_accepted
     lengths = {len(h) for h in hists}
     total = [sum(col) for col in zip(*hists)] if len(lengths) == 1 else None
     return [a / r if r else None for a, r in zip(passed, reached)], total
