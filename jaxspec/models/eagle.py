@@ -52,7 +52,7 @@ class EagleHead(nn.Module):
         x, k, v = stack.apply_layers(llama.DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split)
         f = llama.rms_norm(cfg, "final_norm")(x)
         # finished as the target finishes its logits (Granite's logits_scaling, Gemma 2's soft-capping)
-        logits = llama.soft_cap(cfg, quant.project(f, head, head_scale, dtype, jnp.float32, a8))
+        logits = llama.soft_cap(cfg, quant.project(f, head, head_scale, dtype, jnp.float32, a8, min_rows=cfg.min_rows))
         return (llama.to_full_vocab(cfg, logits) if full_vocab else logits), f, KVCache(k, v)
 
 

@@ -161,7 +161,7 @@ class Eagle3Head(nn.Module):
         x, k, v = Eagle3Layer(lc, cfg.norm_before_residual, name="layer")(e, g, positions, cache.k, cache.v)
         f = llama.rms_norm(lc, "final_norm")(x)
         head = self.param("lm_head", init, (width, cfg.draft_vocab_size), dtype)
-        logits = jnp.einsum("bth,hv->btv", f, head, preferred_element_type=jnp.float32)
+        logits = quant.project(f, head, None, dtype, jnp.float32, min_rows=lc.min_rows)
         return (to_full_vocab(cfg, logits) if full_vocab else logits), x, KVCache(k, v)
 
 

@@ -127,6 +127,55 @@ def stack_layers(params):
     return {**params, "layers": jax.tree.map(stack, *layers)}
 
 
+def check_min_rows(value, arg: str = "min_rows") -> int:
+    """``value`` if it is a positive int: a family config's ``min_rows`` (every weight product computed over at
+    least that many rows, ``jaxspec.models.quant.project``); ``ValueError`` naming ``arg`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{arg} must be an int >= 1, got {value!r}")
+    return value
+
+
+def default_min_rows() -> int:
+    """The ``min_rows`` a loaded model gets: 2 on a GPU, where XLA's one-row weight products are slower than
+    two-row ones (an H200's plain step 12 % faster at SmolLM2's shape, 21 % at Llama-3.1-8B's), 1 elsewhere (on
+    XLA:CPU two rows cost a third more than one). Measurements: docs/guides/benchmarks.md."""
+    return 2 if jax.default_backend() == "gpu" else 1
+
+
+def with_min_rows(model: CausalLM, min_rows: int | None = None) -> CausalLM:
+    """``model`` with every weight product over fewer than ``min_rows`` rows computed over that many (zero rows
+    appended; the same weights, the same outputs); None: ``default_min_rows()``. A model whose config has no
+    ``min_rows`` (not a built-in family's), or whose ``apply_fn`` is not the one its family builds, is returned as
+    it is for None and is a ``ValueError`` otherwise."""
+    rows = default_min_rows() if min_rows is None else check_min_rows(min_rows)
+    cfg = model.config
+    if getattr(cfg, "min_rows", None) == rows:
+        return model
+    rebuilt = _rebuilt(model, {"min_rows": rows}) if hasattr(cfg, "min_rows") else None
+    if rebuilt is None and min_rows is not None:
+        raise ValueError(f"min_rows: {model.name!r} is not a built-in family's model, so its products cannot be padded")
+    return model if rebuilt is None else rebuilt
+
+
+def _rebuilt(model: CausalLM, changes: dict, name: str | None = None, params=None) -> CausalLM | None:
+    """``model``'s family rebuilding it with its config ``changes`` (and ``params``, default its own); None when
+    ``model`` is not a registered family's model or its ``apply_fn`` is not the one the family builds."""
+    cfg = model.config
+    try:
+        family = family_of_config(cfg)
+    except ValueError:
+        return None
+    layers = model.params.get("layers") if isinstance(model.params, dict) else None
+    layout = {"split_layers": isinstance(layers, tuple)} if family.splits_layers else {}
+    own = {"tokenizer": None, "eos_token_id": None, **layout}
+    if family.from_params(cfg, model.params, name=model.name, **own).apply_fn is not model.apply_fn:  # wrapped
+        return None
+    rebuilt = family.from_params(
+        dataclasses.replace(cfg, **changes), model.params if params is None else params, name=name or model.name, **own
+    )
+    return rebuilt.replace(tokenizer=model.tokenizer, eos_token_id=model.eos_token_id)
+
+
 def first_layers(model: CausalLM, num_layers: int) -> CausalLM | None:
     """A copy of ``model`` that keeps its first ``num_layers`` decoder layers (the same weight arrays: a split
     model's per-layer trees, or slices of a stacked one), its embedding, final norm and LM head: what
@@ -135,28 +184,14 @@ def first_layers(model: CausalLM, num_layers: int) -> CausalLM | None:
     config is not a family config, or its ``apply_fn`` is not the one the family builds for that config), its
     params have no ``"layers"``, or ``num_layers`` is not between 1 and its depth, exclusive."""
     cfg, params = model.config, model.params
-    try:
-        family = family_of_config(cfg)
-    except ValueError:
-        return None
     layers = params.get("layers") if isinstance(params, dict) else None
-    if layers is None or not 0 < num_layers < cfg.num_layers:
+    if layers is None or not 0 < num_layers < getattr(cfg, "num_layers", 0):
         return None
-    split = isinstance(layers, tuple)
-    layout = {"split_layers": split} if family.splits_layers else {}
-    own = {"tokenizer": None, "eos_token_id": None, **layout}
-    if family.from_params(cfg, params, name=model.name, **own).apply_fn is not model.apply_fn:  # a wrapped forward
-        return None
-    kept = layers[:num_layers] if split else jax.tree.map(lambda a: a[:num_layers], layers)
+    kept = layers[:num_layers] if isinstance(layers, tuple) else jax.tree.map(lambda a: a[:num_layers], layers)
     changes = {"num_layers": num_layers}
     if getattr(cfg, "layer_types", ()):  # per-layer attention types (Gemma 2/3): the kept layers'
         changes["layer_types"] = cfg.layer_types[:num_layers]
-    return family.from_params(
-        dataclasses.replace(cfg, **changes),
-        {**params, "layers": kept},
-        name=f"{model.name} (first {num_layers} layers)",
-        **own,
-    )
+    return _rebuilt(model, changes, f"{model.name} (first {num_layers} layers)", {**params, "layers": kept})
 
 
 LAYERS_ENV = "JAXSPEC_LAYERS"

@@ -30,7 +30,8 @@ class GPT2Config(stack.MultiHeadShape):
       vocab_size, hidden_size, num_layers, num_heads: vocabulary, width, blocks and heads (head_dim = hidden ÷ heads).
       max_positions: rows of the learned position table; intermediate_size: MLP width (default 4 × hidden).
       layer_norm_eps, activation, scale_attn_weights: as the comments below; dtype: weights', activations' and
-      caches' dtype name (logits are float32); init_std: standard deviation of random initialization.
+      caches' dtype name (logits are float32); init_std: standard deviation of random initialization;
+      min_rows: every weight product over fewer rows computed over this many (``LlamaConfig.min_rows``).
     """
 
     vocab_size: int
@@ -44,9 +45,11 @@ class GPT2Config(stack.MultiHeadShape):
     scale_attn_weights: bool = True  # scores / sqrt(head_dim)
     dtype: str = "float32"  # weights, activations and cache; logits are always float32
     init_std: float = 0.02
+    min_rows: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", dtypes.check(self.dtype))
+        families.check_min_rows(self.min_rows)
         stack.check_activation(self.activation, _ACTIVATIONS)
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")

@@ -45,7 +45,8 @@ class GPTNeoXConfig(stack.MultiHeadShape):
       attention_bias: biases on the q/k/v and output projections (the MLP always has them).
       tie_embeddings: the LM head is the token embedding (GPT-NeoX checkpoints have their own ``embed_out``).
       layer_norm_eps, activation ("gelu" exact, "gelu_tanh", "relu"), dtype (weights, activations and cache; logits
-        are float32), init_std (random initialization).
+        are float32), init_std (random initialization), min_rows (every weight product over fewer rows computed
+        over this many: ``LlamaConfig.min_rows``).
     """
 
     vocab_size: int
@@ -64,9 +65,11 @@ class GPTNeoXConfig(stack.MultiHeadShape):
     activation: str = "gelu"
     dtype: str = "float32"
     init_std: float = 0.02
+    min_rows: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", dtypes.check(self.dtype))
+        families.check_min_rows(self.min_rows)
         stack.check_activation(self.activation, _ACTIVATIONS)
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads})")

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from jaxspec.core import dtypes
+from jaxspec.models import families
 from jaxspec.models.rope import check_rope, rope_from_hf, rotation
 
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP activations the Llama module implements (``LlamaConfig.mlp_activation``)
@@ -42,6 +43,9 @@ class LlamaConfig:
       qkv_bias, o_bias, qk_norm, sliding_window, embed_scale, mlp_activation, rotary_dim, Gemma 2/3's and Granite's
         switches: family variants (comments below).
       vocab_ids: a reduced-vocabulary draft's ids in the full vocabulary (below); () for the full vocabulary.
+      min_rows: every weight product over fewer rows (batch × new tokens) is computed over this many, zero rows
+        appended: where a one-row product takes a slower path than a two-row one (a GPU), 2 makes a one-token
+        step cheaper (``jaxspec.load``'s ``min_rows``; docs/guides/benchmarks.md).
 
     Raises ``ValueError`` naming the field for inconsistent values (heads, head_dim, RoPE, activation, ids).
     """
@@ -89,6 +93,7 @@ class LlamaConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    min_rows: int = 1  # weight products over fewer rows computed over this many (above)
 
     def __post_init__(self):
         if not isinstance(self.vocab_ids, tuple):
@@ -105,6 +110,7 @@ class LlamaConfig:
         check_rope(self.rope_type, dict(self.rope_params))
         if self.mlp_activation not in ACTIVATIONS:
             raise ValueError(f"mlp_activation must be one of {sorted(ACTIVATIONS)}, got {self.mlp_activation!r}")
+        families.check_min_rows(self.min_rows)
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
         object.__setattr__(self, "dtype", dtypes.check(self.dtype))

@@ -101,22 +101,33 @@ def _int8_rows(x):
     return jnp.clip(jnp.round(x / scale), -_QMAX, _QMAX).astype(jnp.int8), scale
 
 
-def project(x, kernel, scale, dtype, preferred_element_type=None, a8: bool = False, contract: int = 0):
+def pad_rows(rows, min_rows: int):
+    """``rows [n, width]`` with zero rows appended up to ``min_rows`` (as it is when ``n >= min_rows``)."""
+    n = rows.shape[0]
+    return rows if n >= min_rows else jnp.concatenate([rows, jnp.zeros((min_rows - n, rows.shape[1]), rows.dtype)])
+
+
+def project(
+    x, kernel, scale, dtype, preferred_element_type=None, a8: bool = False, contract: int = 0, min_rows: int = 1
+):
     """``x [..., in]`` times ``kernel`` (``[in, out]``, or ``[out, in]`` with ``contract=1``) in ``dtype``: an int8
     kernel is converted inside the product and the product scaled per output column; with ``a8`` each row of ``x``
-    is quantized to int8 by its own absmax and the product runs in integers (int32 sums), then scaled by both."""
-    dims = (((x.ndim - 1,), (contract,)), ((), ()))
+    is quantized to int8 by its own absmax and the product runs in integers (int32 sums), then scaled by both.
+    ``min_rows``: a product over fewer rows of ``x`` is computed over that many, zero rows appended (a one-row
+    product takes a slower path than a two-row one on some backends: ``LlamaConfig.min_rows``)."""
+    lead, width = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, width)
+    n = rows.shape[0]
     if not a8:
         y = jax.lax.dot_general(
-            x.astype(dtype), kernel.astype(dtype), dims, preferred_element_type=preferred_element_type
-        )
+            pad_rows(rows.astype(dtype), min_rows),
+            kernel.astype(dtype),
+            (((1,), (contract,)), ((), ())),
+            preferred_element_type=preferred_element_type,
+        )[:n].reshape(*lead, -1)
         return y if scale is None else y * scale.astype(y.dtype)
-    lead, width = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, width).astype(jnp.float32)
-    n = rows.shape[0]
-    if n == 1:  # products over one row take a far slower path on some backends (XLA:CPU): two rows cost as one
-        rows = jnp.concatenate([rows, jnp.zeros_like(rows)])
-    q, row_scale = _int8_rows(rows)
+    # products over one row take a far slower path on some backends (XLA:CPU): two rows cost as one
+    q, row_scale = _int8_rows(pad_rows(rows.astype(jnp.float32), max(min_rows, 2)))
     acc = jax.lax.dot_general(q, kernel, (((1,), (contract,)), ((), ())), preferred_element_type=jnp.int32)
     y = (acc[:n].astype(jnp.float32) * row_scale[:n] * scale).reshape(*lead, -1)
     return y.astype(preferred_element_type or dtype)
@@ -137,12 +148,13 @@ class Dense(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     kernel_init: Callable = nn.initializers.lecun_normal()
+    min_rows: int = 1  # ``project``'s
 
     @nn.compact
     def __call__(self, x):
         shape = (x.shape[-1], self.features)
         kernel, scale, a8 = param_with_scale(self, "kernel", self.kernel_init, shape, self.param_dtype)
-        y = project(x, kernel, scale, self.dtype, a8=a8)
+        y = project(x, kernel, scale, self.dtype, a8=a8, min_rows=self.min_rows)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype).astype(self.dtype)
         return y
@@ -157,6 +169,7 @@ class Embed(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     embedding_init: Callable = nn.initializers.normal(1.0)
+    min_rows: int = 1  # ``project``'s, for ``attend``
 
     def setup(self):
         shape = (self.num_embeddings, self.features)
@@ -169,7 +182,7 @@ class Embed(nn.Module):
 
     def attend(self, x):
         """``x [..., width] @ embedding.T``: logits over the rows."""
-        return project(x, self.embedding, self.scale, self.dtype, a8=self.a8, contract=1)
+        return project(x, self.embedding, self.scale, self.dtype, a8=self.a8, contract=1, min_rows=self.min_rows)
 
 
 def is_scale(key: str) -> bool:

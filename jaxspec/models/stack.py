@@ -46,6 +46,7 @@ def embed(rows: int, name: str, cfg, std: float) -> quant.Embed:
         dtype=cfg.jnp_dtype,
         param_dtype=cfg.jnp_dtype,
         embedding_init=nn.initializers.normal(std),
+        min_rows=getattr(cfg, "min_rows", 1),
         name=name,
     )
 
@@ -65,6 +66,7 @@ def dense(features: int, name: str, cfg, *, bias: bool, std: float | None = None
         dtype=cfg.jnp_dtype,
         param_dtype=cfg.jnp_dtype,
         kernel_init=nn.initializers.normal(cfg.init_std if std is None else std),
+        min_rows=getattr(cfg, "min_rows", 1),
         name=name,
     )
 

@@ -10,14 +10,17 @@ and for an EAGLE-1-style head and an EAGLE-3 head (8191 or 32000 draft ids) the 
 window pass over γ+1 pairs, then γ−1 one-token steps), as c per draft token (÷ γ ÷ step). Calls are interleaved call
 by call in blocks; figures are medians. Then whole ``jaxspec.generate`` loops (``--loop-modes``: plain, the
 EAGLE-1 head at γ=2, the EAGLE-3 head at γ=3, the EAGLE-1 head's trees (5, 3, 6) and (6, 4, 10); α ≈ 0 with random
-heads, so each pass yields one token) as ms per target pass, the loop's own overheads included. Prints one JSON
-object per figure and appends each to ``OUT_DIR/device_costs.jsonl`` as it goes (a timeout keeps what was
-measured). Stops starting new sections past ``--budget-s``.
+heads, so each pass yields one token) as ms per target pass, the loop's own overheads included; ``plain_pad`` and
+``eagle3_pad`` run the target (and the head) with one-row weight products computed over two rows (``min_rows=2``),
+``plain*2`` two copies of each row. Prints one JSON object per figure and appends each to
+``OUT_DIR/device_costs.jsonl`` as it goes (a timeout keeps what was measured). Stops starting new sections past
+``--budget-s``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -186,6 +189,20 @@ def quant_costs(out, name: str, iters: int, blocks: int):
     return q, EagleDrafter.for_target(q, {k: e1.params[k] for k in ("fc", "layers", "final_norm")}, config=e1.config)
 
 
+def padded(target, e3):
+    """``{"plain_pad": target, "eagle3_pad": head}`` with every weight product over one row computed over two
+    (``LlamaConfig.min_rows``), the same weights."""
+    from jaxspec.core.model import CausalLM
+    from jaxspec.drafters.eagle import EagleDrafter
+    from jaxspec.models import eagle3, llama
+
+    cfg = dataclasses.replace(target.config, min_rows=2)
+    t = CausalLM.from_config(llama.model_fns(cfg), cfg, target.params, name=f"{target.name}-pad")
+    e3cfg = eagle3.head_config(cfg, e3.config.vocab_ids)
+    head = EagleDrafter.for_target(t, {k: v for k, v in e3.params.items() if k in eagle3.OWN}, config=e3cfg)
+    return {"plain_pad": None, "eagle3_pad": head, "_target_pad": t}
+
+
 def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, modes: list[str]):
     import jaxspec
 
@@ -193,27 +210,29 @@ def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, m
     prompt = rng.integers(0, target.vocab_size, (batch, 64)).astype(np.int32)
     heads = {"plain": None, "eagle1": e1, "eagle3": e3}
 
-    def setting(mode):  # HEAD@G: a chain of G; HEAD@D.B.W: a tree of depth D, branch B, width W
+    def setting(mode):  # HEAD@G: a chain of G; HEAD@D.B.W: a tree of depth D, branch B, width W; HEAD*R: R rows
         head, _, at = mode.partition("@")
-        if not at:
-            return heads[head], None
-        if "." in at:
-            return heads[head], tuple(int(x) for x in at.split("."))
-        return heads[head], int(at)
+        head, _, rows = head.partition("*")
+        model = heads["_target_pad"] if head.endswith("_pad") else target
+        g = None if not at else tuple(int(x) for x in at.split(".")) if "." in at else int(at)
+        return model, heads[head], g, int(rows or 1)
 
+    if any(m.partition("@")[0].partition("*")[0].endswith("_pad") for m in modes):
+        heads.update(padded(target, e3))
     runs = {m: setting(m) for m in modes}
     kw = dict(max_new_tokens=new_tokens, temperature=0.0)
 
-    def call(draft, g, seed):
+    def call(model, draft, g, rows, seed):  # rows > 1: the batch's prompts repeated, timed per pass all the same
+        p = np.repeat(prompt, rows, axis=0)
         if draft is None:
-            return jaxspec.generate(target, prompt, seed=seed, **kw)
+            return jaxspec.generate(model, p, seed=seed, **kw)
         if isinstance(g, tuple):
-            return jaxspec.generate(target, prompt, draft=draft, tree=g, seed=seed, **kw)
-        return jaxspec.generate(target, prompt, draft=draft, gamma=g, seed=seed, **kw)
+            return jaxspec.generate(model, p, draft=draft, tree=g, seed=seed, **kw)
+        return jaxspec.generate(model, p, draft=draft, gamma=g, seed=seed, **kw)
 
     t0 = time.perf_counter()
-    for draft, g in runs.values():  # compile
-        call(draft, g, 0)
+    for setting_ in runs.values():  # compile
+        call(*setting_, 0)
     emit(
         out,
         section="loop",
@@ -225,8 +244,8 @@ def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, m
     per_pass = {m: [] for m in runs}
     tau = {}
     for r in range(repeats):
-        for mode, (draft, g) in runs.items():
-            st = call(draft, g, r).stats
+        for mode, setting_ in runs.items():
+            st = call(*setting_, r).stats
             per_pass[mode].append(st.wall_time_s / st.target_passes * 1e3)
             tau[mode] = round(st.generated_tokens / st.rounds, 3)
     ms = {m: round(statistics.median(v), 4) for m, v in per_pass.items()}
@@ -252,7 +271,9 @@ def main(argv=None):
     p.add_argument(
         "--loop-modes",
         default="plain,eagle1@2,eagle3@3,eagle1@5.3.6,eagle1@6.4.10",
-        help="plain, HEAD@GAMMA (a chain) and HEAD@D.B.W (a tree: depth, branch, width), HEAD eagle1 or eagle3",
+        help="plain, HEAD@GAMMA (a chain) and HEAD@D.B.W (a tree: depth, branch, width), HEAD eagle1, eagle3, "
+        "plain_pad or eagle3_pad (the target and head with one-row products over two rows); HEAD*R runs R copies "
+        "of each row (plain*2: does a pass over two rows cost less than over one?)",
     )
     p.add_argument("--quant-shapes", default="", help="shapes whose bfloat16, int8 and w8a8 steps are timed")
     p.add_argument("--quant-loops", default="plain,eagle1@2", help="loop modes run over the int8 target")
