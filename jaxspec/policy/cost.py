@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
-GAMMAS = (1, 2, 4, 6)  # the candidate γ of ``AutoGamma`` by default
+GAMMAS = (1, 2, 3, 4, 6)  # the candidate γ of ``AutoGamma`` by default (3: an EAGLE-3 head's own default)
 # The candidate tree shapes (depth, branch, width) of ``AutoGamma`` by default, for drafters that branch: the sizes
 # the tree benchmarks measured (docs/history/trees.md), 10, 27 and 54 nodes.
 TREES = ((4, 2, 4), (5, 3, 6), (6, 4, 10))

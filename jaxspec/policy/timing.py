@@ -264,9 +264,9 @@ def verify_gammas(gammas) -> tuple[int, ...]:
     """The one candidate whose verify pass ``measure_costs`` times (over γ+1 tokens): the one nearest the mean of
     the candidates (the larger on a tie); with v(0) = 1 (the plain step itself) the others' v is ``interpolate``d
     on the line through both, so a first call compiles two target programs, not one per candidate. For
-    (1, 2, 4, 6): 4 is timed. On the 2-core CPU (SmolLM2, batch 1), where v(γ) is concave (1.20, 1.41, 1.65, 1.89),
-    that puts v(1), v(2) and v(6) at -3 %, -6 % and +4 % of their timings; a γ that a call has run is then taken
-    from that call's own rounds (``cost.round_costs``)."""
+    (1, 2, 3, 4, 6): 3 is timed. On the 2-core CPU (SmolLM2, batch 1), where v(γ) is concave (1.20, 1.41, 1.65, 1.89
+    at γ = 1, 2, 4, 6), that puts v(1), v(2), v(4) and v(6) at about -2 %, -4 %, +3 % and +9 % of their timings; a γ
+    that a call has run is then taken from that call's own rounds (``cost.round_costs``)."""
     gammas = sorted(set(gammas))
     mean = sum(gammas) / len(gammas)
     return (min(gammas, key=lambda g: (abs(g - mean), -g)),)

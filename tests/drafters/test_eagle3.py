@@ -97,6 +97,7 @@ def test_greedy_with_an_eagle3_head_equals_plain(target, head, gamma):
     assert spec.tokens == plain.tokens
     assert spec.stats.mode == "speculative" and spec.stats.drafted > 0
     assert spec.stats.gamma == (gamma or 3) == (gamma or head.default_gamma)
+    assert head.default_gamma in jaxspec.policy.AutoGamma().gammas  # gamma="auto" can choose what None runs
 
 
 def test_engine_with_an_eagle3_head_equals_plain(target, head):
