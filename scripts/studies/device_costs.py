@@ -20,7 +20,6 @@ heads, so each pass yields one token) as ms per target pass, the loop's own over
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -192,13 +191,11 @@ def quant_costs(out, name: str, iters: int, blocks: int):
 def padded(target, e3):
     """``{"plain_pad": target, "eagle3_pad": head}`` with every weight product over one row computed over two
     (``LlamaConfig.min_rows``), the same weights."""
-    from jaxspec.core.model import CausalLM
     from jaxspec.drafters.eagle import EagleDrafter
-    from jaxspec.models import eagle3, llama
+    from jaxspec.models import eagle3, families
 
-    cfg = dataclasses.replace(target.config, min_rows=2)
-    t = CausalLM.from_config(llama.model_fns(cfg), cfg, target.params, name=f"{target.name}-pad")
-    e3cfg = eagle3.head_config(cfg, e3.config.vocab_ids)
+    t = families.with_min_rows(target, 2).replace(name=f"{target.name}-pad")
+    e3cfg = eagle3.head_config(t.config, e3.config.vocab_ids)
     head = EagleDrafter.for_target(t, {k: v for k, v in e3.params.items() if k in eagle3.OWN}, config=e3cfg)
     return {"plain_pad": None, "eagle3_pad": head, "_target_pad": t}
 
