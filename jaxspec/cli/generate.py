@@ -142,7 +142,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--gamma",
         type=gamma_arg,
-        help="draft tokens per round, or 'auto' (default: the drafter's, 2 for an EAGLE head, 4 otherwise)",
+        help="draft tokens per round, or 'auto' (default: the drafter's: 3 for an EAGLE-3 head, 2 for an EAGLE-1 "
+        "head, 4 otherwise)",
     )
     g.add_argument(
         "--tree",

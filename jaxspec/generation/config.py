@@ -25,7 +25,8 @@ class GenerationConfig:
       gamma: draft tokens per round (static: each value compiles once), or ``"auto"``: pick γ among a few compiled
         values, or plain decoding, from measured costs and the acceptance seen so far (``jaxspec.policy``; the
         decision and its inputs are in ``stats.policy``). None: the drafter's own default
-        (``Drafter.default_gamma``: 2 for an EAGLE head, 4 for a draft model or prompt lookup).
+        (``Drafter.default_gamma``: 2 for an EAGLE-1-style head, 3 for an EAGLE-3 head, 4 for a draft model or prompt
+        lookup).
       max_new_tokens: int, or one int per prompt (traced).
       temperature: warping applied to target and draft alike, a number or one per prompt (traced: never
         recompiles); 0 is greedy, so greedy and sampled rows can share a call.

@@ -27,8 +27,12 @@ plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.0
     plain decisions.
 
 Probing. The prior is a guess, not a measurement: a call for a pair whose acceptance was never measured (greedy and
-sampled apart) *probes* (``Decision.probe``) with the γ best at the prior, as long as some γ would clear the margin
-at the optimistic acceptance ``probe_alpha`` (0.8) at every position; its acceptance then decides the next call.
+sampled apart) *probes* (``Decision.probe``) with the drafter's own ``default_gamma`` (the γ its maker measured
+best; the γ best at the prior for a drafter without one, or whose default is no candidate), as long as some γ
+would clear the margin at the optimistic acceptance ``probe_alpha`` (0.8) at every position; its acceptance then
+decides the next call. Starting there matters beyond the first call: a probe at γ measures positions 1..γ, which
+every smaller γ's estimate then uses, while a larger γ's deeper positions only borrow the last one measured; and
+the next calls keep the probe's γ unless another is clearly faster (below).
 After ``explore_after`` plain decisions in a row (8), a probe the same way measures the acceptance again; a probe
 that does not bring speculation back doubles the wait before the next one (8, 16, 32, ... calls). A batch bucket
 where even the optimistic acceptance cannot pay never probes.
@@ -42,7 +46,8 @@ follow noise in the estimates.
 
 Between calls, the last call's γ stays unless another is expected ``KEEP_GAIN`` times as fast (estimates move by a
 few per cent from call to call; each γ's first call compiles its loop: SmolLM2's first four auto calls went γ = 2, 4,
-2, 2 for an expected gain of 2 %, paying a second loop's 15 s compile).
+2, 2 for an expected gain of 2 %, paying a second loop's 15 s compile), or ``SWITCH_GAIN`` times as fast when the
+other's loop already ran at these shapes in this process (compiled: the move costs nothing).
 
 Inside an engine run, ``decide(running=γ)`` re-decides at refills (``jaxspec.generation.regamma``): another γ when
 expected ``SWITCH_GAIN`` times as fast, plain decoding when the running γ is expected to be slower than plain.
@@ -517,11 +522,11 @@ class AutoGamma:
         so the shapes of ``trees`` are candidates too (module docstring; ``Decision.tree``).
 
         Without any acceptance measured for the pair (greedy and sampled apart) the call probes (``Decision.probe``)
-        with the γ best at the prior, if some γ would clear the margin at acceptance ``probe_alpha``: the prior alone
-        decides nothing. ``running``: the γ a run is decoding with, for a re-decision inside it (an engine's refill,
-        once its rows' acceptance is observed), which neither ages the counts nor probes: another γ replaces it when
-        expected ``SWITCH_GAIN`` times as fast, plain decoding when it is expected to be slower than plain (below
-        ``margin`` when that is under 1)."""
+        with the drafter's ``default_gamma`` (else the γ best at the prior), if some γ would clear the margin at
+        acceptance ``probe_alpha``: the prior alone decides nothing. ``running``: the γ a run is decoding with, for a
+        re-decision inside it (an engine's refill, once its rows' acceptance is observed), which neither ages the
+        counts nor probes: another γ replaces it when expected ``SWITCH_GAIN`` times as fast, plain decoding when it
+        is expected to be slower than plain (below ``margin`` when that is under 1)."""
         costs = self.costs(target, draft, batch, cache_len, round_timer, mesh_key)
         target_prefill, draft_prefill = costs.prefills(prompt_tokens)
         per_token = self.observed_prefill(target, draft, batch, cache_len, mesh_key)
@@ -553,6 +558,8 @@ class AutoGamma:
             if not tree_measured:
                 unmeasured.append(tree)
         best = max(gains, key=gains.get)
+        default = getattr(draft, "default_gamma", None)
+        start = default if isinstance(default, int) and default in gains else best  # the first probe's γ
         counts = self._acceptance.get(self._pair(target, draft, greedy))
         measured = counts is not None and counts.drafted > 0
         options = {**gains, **{t: g for t, g in tree_gains.items() if t not in unmeasured}}  # measured candidates
@@ -589,13 +596,9 @@ class AutoGamma:
             chosen = top
             state = self._batch(target, draft, greedy, batch)
             last = state.last_gamma
-            if (
-                last in options
-                and last != top
-                and options[last] >= self.margin
-                and options[top] < KEEP_GAIN * options[last]
-            ):
-                chosen = last  # KEEP_GAIN
+            keep = SWITCH_GAIN if top in observed else KEEP_GAIN  # top's loop ran here: moving compiles nothing
+            if last in options and last != top and options[last] >= self.margin and options[top] < keep * options[last]:
+                chosen = last  # KEEP_GAIN (SWITCH_GAIN)
                 reason = f"{_name(last)} expected {options[last]:.2f}× plain: kept ({_name(top)}: {options[top]:.2f}×, "
                 reason += "within the margin)"
             state.plain_streak, state.probe_wait = 0, self.explore_after
@@ -606,16 +609,18 @@ class AutoGamma:
             if self.explore_after is not None and (not measured or state.plain_streak >= wait):
                 hopeful = speedups(tuple(max(a, self.probe_alpha) for a in positions))
                 hope = max(hopeful.values())
-                if hope >= self.margin:  # speculation could pay: measure the acceptance with the best γ now
-                    chosen, probe = best, True
+                if hope >= self.margin:  # speculation could pay: measure the acceptance now
+                    # at the drafter's default γ where that could pay too, else at the γ best at the estimate
+                    probed = start if hopeful[start] >= self.margin else best
+                    chosen, probe = probed, True
                     why = (
                         "no acceptance measured yet for this pair"
                         if not measured
                         else f"after {state.plain_streak} plain calls, to measure acceptance again"
                     )
                     reason = (
-                        f"probe: γ={best} {why} (expected {gains[best]:.2f}× at the current estimate, up to "
-                        f"{hope:.2f}× at acceptance >= {self.probe_alpha})"
+                        f"probe: γ={probed} {why} (expected {gains[probed]:.2f}× at the current estimate, up to "
+                        f"{hopeful[probed]:.2f}× at acceptance >= {self.probe_alpha})"
                     )
                     state.plain_streak = 0
                     if measured:  # a probe that does not bring speculation back doubles the wait

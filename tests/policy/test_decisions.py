@@ -3,6 +3,8 @@ a pair never measured probes; measured acceptance decides the next call either w
 work (a slow call, a compile, a machine whose load changed between calls) do not flip a decision. Each with a
 negative control: the check the old rule (the prior alone, means of raw seconds) passed or failed."""
 
+import dataclasses
+
 import pytest
 
 from jaxspec.policy import AutoGamma, Costs, expected_speedup
@@ -154,6 +156,63 @@ def test_the_last_calls_gamma_stays_unless_another_is_clearly_faster(target, sma
     clear = Costs(c=0.1, v={2: 1.2, 4: 1.4}, prefill=0.0, round={2: 2.0, 4: 2.5})
     moved = policy_with(clear, last=2).decide(target, small_draft, 1, 64, 256, True)
     assert moved.gamma == 4 and moved.expected_speedup[4] >= auto_lib.KEEP_GAIN * moved.expected_speedup[2]
+
+
+class _Head:
+    """A drafter as the policy sees it: a key, and the γ its maker measured best (an EAGLE-3 head's is 3)."""
+
+    def __init__(self, default_gamma):
+        self.default_gamma = default_gamma
+
+
+# The calibration's costs on the 2-core CPU: c 0.08, the verify pass timed over 4 tokens (v 1.38) and the others on
+# the line through (0, 1): at the prior 0.6 per position γ = 2 is the best (1.39× against γ = 3's 1.34×)
+CALIBRATED = Costs(c=0.08, v={1: 1.127, 2: 1.253, 3: 1.38, 4: 1.507}, prefill=0.0, step_s=0.01)
+# 1000 rounds at γ = 3 accepting 0.68, 0.65, 0.68 by position (the EAGLE-3 head on HumanEval)
+HEAD_HIST = (320, 238, 142, 300)
+
+
+def test_the_first_probe_runs_at_the_drafters_default_gamma(target):
+    """A pair never measured probes at the drafter's ``default_gamma`` (3), which measures positions 1..3, where the
+    γ best at the prior (2) would leave position 3 to borrow position 2's estimate. Negative controls: a drafter
+    without a default, or whose default is no candidate, probes at the γ best at the prior."""
+    d = AutoGamma(gammas=(1, 2, 3, 4), keep_costs=False)
+    head = _Head(3)
+    d.set_costs(target, head, 1, 64, CALIBRATED)
+    first = d.decide(target, head, 1, 64, 64, True)
+    assert first.probe and first.gamma == 3 and "probe: γ=3" in first.reason
+    assert max(first.expected_speedup, key=first.expected_speedup.get) == 2  # not the prior's choice
+    for other in (_Head(None), _Head(6)):
+        control = AutoGamma(gammas=(1, 2, 3, 4), keep_costs=False)
+        control.set_costs(target, other, 1, 64, CALIBRATED)
+        probe = control.decide(target, other, 1, 64, 64, True)
+        assert probe.probe and probe.gamma == 2
+
+
+def test_a_gamma_whose_loop_ran_replaces_the_last_one_at_a_smaller_gain(target):
+    """γ = 3 expected 4.5 % faster than the last call's γ = 2 (rounds of 1.80 and 1.65 steps, the head's
+    acceptance): where γ = 3's loop already ran at these shapes (its rounds observed) the call moves to it, since
+    moving compiles nothing (``SWITCH_GAIN``). Negative control: the same round costs from the calibration alone
+    (γ = 3 never ran) keep γ = 2 (``KEEP_GAIN``)."""
+    head = _Head(3)
+
+    def policy_with(observed: bool):
+        p = AutoGamma(gammas=(2, 3), keep_costs=False, half_life=None)
+        p.set_costs(target, head, 1, 64, dataclasses.replace(CALIBRATED, round={2: 1.65, 3: 1.80}))
+        p.observe(target, head, True, accepted=1422, drafted=3000, accept_hist=HEAD_HIST)
+        if observed:  # 30 rounds of each at 16.5 and 18 ms, the plain step's 10 ms
+            p.observe_rounds(target, head, 1, 64, 2, 0.495, 30)
+            p.observe_rounds(target, head, 1, 64, 3, 0.54, 30)
+        p._batch(target, head, True, 1).last_gamma = 2
+        return p
+
+    moved = policy_with(observed=True).decide(target, head, 1, 64, 256, True)
+    gain = moved.expected_speedup[3] / moved.expected_speedup[2]
+    assert moved.gamma == 3 and auto_lib.SWITCH_GAIN < gain < auto_lib.KEEP_GAIN
+    assert moved.round_cost == pytest.approx({2: 1.65, 3: 1.80})
+    kept = policy_with(observed=False).decide(target, head, 1, 64, 256, True)
+    assert kept.gamma == 2 and "kept" in kept.reason
+    assert kept.expected_speedup == pytest.approx(moved.expected_speedup)
 
 
 # A chain measured at 0.6 per position (1000 rounds of γ = 2): τ 1.96
