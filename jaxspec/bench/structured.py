@@ -48,11 +48,12 @@ SPECULATIVE = ("eagle", "lookup", "lookup+eagle")
 ANY = r"[\s\S]*"
 
 
-def functions(count: int) -> list[dict]:
-    """The first ``count`` top-level functions of the held-out standard-library files (in file order) with a
-    docstring, 1 to 6 parameters and at most 20 lines: ``{"name", "args", "source"}``."""
+def functions(count: int, files=None) -> list[dict]:
+    """The first ``count`` top-level functions of the held-out standard-library files (in file order; or of
+    ``files``, ``(name, path)`` pairs, for training data) with a docstring, 1 to 6 parameters and at most 20 lines:
+    ``{"name", "args", "source"}``."""
     out = []
-    for _, path in corpus.stdlib_files("heldout"):
+    for _, path in corpus.stdlib_files("heldout") if files is None else files:
         text = corpus.read_text(path)
         try:
             tree = ast.parse(text)

@@ -201,7 +201,9 @@ class EagleDrafter(Drafter):
         reach = max(gamma, self.catch_up - 1)  # the window holds reach + 1 pairs
         window = jnp.maximum(length[:, None] - 2 - reach + jnp.arange(reach + 1, dtype=jnp.int32)[None], 0)
         following = tokens[rows, jnp.minimum(window + 1, size - 1)]
-        logits, feats, cache = apply_fn(params, following, state.feats[rows, window], window, state.cache)
+        logits, feats, cache = apply_fn(
+            params, following, state.feats[rows, window], window, state.cache, last_only=True
+        )
         q0 = warp(logits[:, -1], sampling)
         d1 = jax.vmap(sample)(keys[:, 0], q0)
         bad = bad_logits(logits[:, -1])
@@ -248,7 +250,9 @@ class EagleDrafter(Drafter):
         reach = max(depth, self.catch_up - 1)
         window = jnp.maximum(length[:, None] - 2 - reach + jnp.arange(reach + 1, dtype=jnp.int32)[None], 0)
         following = tokens[rows, jnp.minimum(window + 1, size - 1)]
-        logits, feats, cache = apply_fn(params, following, state.feats[rows, window], window, state.cache)
+        logits, feats, cache = apply_fn(
+            params, following, state.feats[rows, window], window, state.cache, last_only=True
+        )
         nodes = branch + (depth - 1) * width
         hidden = jnp.zeros((batch, nodes + 1, feats.shape[-1]), feats.dtype).at[:, 0].set(feats[:, -1])
 

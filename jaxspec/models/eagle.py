@@ -31,13 +31,14 @@ from jaxspec.models.llama import LlamaConfig
 class EagleHead(nn.Module):
     """``(tokens [B, T], feats [B, T, hidden], positions [B, T], cache)`` -> ``(logits [B, T, V] float32, predicted
     features [B, T, hidden], cache)``: at position ``j``, ``tokens`` holds token ``j+1`` and ``feats`` ``f_j``.
-    ``full_vocab=False`` returns the logits over the head's rows (``[B, T, rows]``, training's loss)."""
+    ``full_vocab=False`` returns the logits over the head's rows (``[B, T, rows]``, training's loss);
+    ``last_only=True`` the logits at the last position alone (``[B, 1, ...]``: a drafting window's)."""
 
     cfg: LlamaConfig
     split: bool = False
 
     @nn.compact
-    def __call__(self, tokens, feats, positions, cache: KVCache, full_vocab: bool = True):
+    def __call__(self, tokens, feats, positions, cache: KVCache, full_vocab: bool = True, last_only: bool = False):
         cfg = self.cfg
         dtype, width = cfg.jnp_dtype, cfg.hidden_size
         init = nn.initializers.normal(cfg.init_std)
@@ -52,7 +53,10 @@ class EagleHead(nn.Module):
         x, k, v = stack.apply_layers(llama.DecoderLayer, cfg, (x, cache.k, cache.v), positions, self.split)
         f = llama.rms_norm(cfg, "final_norm")(x)
         # finished as the target finishes its logits (Granite's logits_scaling, Gemma 2's soft-capping)
-        logits = llama.soft_cap(cfg, quant.project(f, head, head_scale, dtype, jnp.float32, a8, min_rows=cfg.min_rows))
+        rows = f[:, -1:] if last_only else f
+        logits = llama.soft_cap(
+            cfg, quant.project(rows, head, head_scale, dtype, jnp.float32, a8, min_rows=cfg.min_rows)
+        )
         return (llama.to_full_vocab(cfg, logits) if full_vocab else logits), f, KVCache(k, v)
 
 
@@ -63,9 +67,9 @@ OWN = ("fc", "final_norm", "layers")  # the head's own (trained, stored) paramet
 def head_fns(cfg: LlamaConfig):
     """``(apply_fn, init_cache)`` of a head config (the same objects for equal configs)."""
 
-    def apply_fn(params, tokens, feats, positions, cache, full_vocab=True):
+    def apply_fn(params, tokens, feats, positions, cache, full_vocab=True, last_only=False):
         module, variables = stack.bind(EagleHead, cfg, params)
-        return module.apply(variables, tokens, feats, positions, cache, full_vocab)
+        return module.apply(variables, tokens, feats, positions, cache, full_vocab, last_only)
 
     def init_cache(batch_size: int, max_length: int) -> KVCache:
         assert cfg.head_dim is not None  # LlamaConfig.__post_init__ sets it

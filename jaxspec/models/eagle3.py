@@ -139,7 +139,7 @@ class Eagle3Head(nn.Module):
     cfg: Eagle3Config
 
     @nn.compact
-    def __call__(self, tokens, feats, positions, cache: KVCache, full_vocab: bool = True):
+    def __call__(self, tokens, feats, positions, cache: KVCache, full_vocab: bool = True, last_only: bool = False):
         cfg, lc = self.cfg, self.cfg.layer
         dtype, width = lc.jnp_dtype, lc.hidden_size
         init = nn.initializers.normal(lc.init_std)
@@ -159,7 +159,7 @@ class Eagle3Head(nn.Module):
         else:
             raise ValueError(f"feats must be {cfg.feature_size} (target) or {width} (own) wide, got {feats.shape}")
         x, k, v = Eagle3Layer(lc, cfg.norm_before_residual, name="layer")(e, g, positions, cache.k, cache.v)
-        f = llama.rms_norm(lc, "final_norm")(x)
+        f = llama.rms_norm(lc, "final_norm")(x[:, -1:] if last_only else x)
         head = self.param("lm_head", init, (width, cfg.draft_vocab_size), dtype)
         logits = quant.project(f, head, None, dtype, jnp.float32, min_rows=lc.min_rows)
         return (to_full_vocab(cfg, logits) if full_vocab else logits), x, KVCache(k, v)
@@ -169,8 +169,8 @@ class Eagle3Head(nn.Module):
 def head_fns(cfg: Eagle3Config):
     """``(apply_fn, init_cache)`` of a head config (the same objects for equal configs)."""
 
-    def apply_fn(params, tokens, feats, positions, cache, full_vocab=True):
-        return Eagle3Head(cfg).apply({"params": params}, tokens, feats, positions, cache, full_vocab)
+    def apply_fn(params, tokens, feats, positions, cache, full_vocab=True, last_only=False):
+        return Eagle3Head(cfg).apply({"params": params}, tokens, feats, positions, cache, full_vocab, last_only)
 
     def init_cache(batch_size: int, max_length: int) -> KVCache:
         lc = cfg.layer

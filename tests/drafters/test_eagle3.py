@@ -74,6 +74,22 @@ def test_draft_rows_map_to_their_target_ids_and_nothing_else(head):
     assert not np.allclose(full[..., sorted(VOCAB_IDS)], rows)  # negative control: the wrong order
 
 
+def test_a_window_pass_may_compute_its_last_logits_alone(head):
+    """``last_only`` (drafting's window pass, which samples from its last position) gives that position's logits as
+    the whole pass gives them, and the same hidden states and cache; the other positions' logits differ (control)."""
+    apply_fn, init_cache = eagle3.head_fns(head.config)
+    tokens, positions = jnp.asarray([[4, 7, 9, 30]]), jnp.arange(4)[None]
+    feats = jax.random.normal(jax.random.key(5), (1, 4, head.config.feature_size))
+    full, x, cache = apply_fn(head.params, tokens, feats, positions, init_cache(1, 8))
+    last, x1, cache1 = apply_fn(head.params, tokens, feats, positions, init_cache(1, 8), last_only=True)
+    assert last.shape == (1, 1, head.config.vocab_size)
+    np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -1:]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(x1), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(cache1.k), np.asarray(cache.k))
+    finite = np.isfinite(np.asarray(full[0, 0]))
+    assert not np.allclose(np.asarray(last[0, 0])[finite], np.asarray(full[0, 0])[finite])
+
+
 def test_later_steps_read_the_heads_own_hidden_state(head):
     """A step reads fused target features (feature_size wide, through fc) or the head's own output (hidden wide,
     as is): the same hidden state given both ways, fc's output and the raw state, gives the same logits."""
