@@ -131,3 +131,18 @@ def decode_in_chunks(model, tokens, prompt_lens, chunk):
                     out[b, start[b] + j] = logits[b, j]
         start = start + chunk
     return out
+
+
+def check_window_logits_at_last_only(apply_fn, init_cache, params, feats_width: int, vocab_size: int):
+    """An EAGLE head's ``last_only`` pass (drafting's window) gives the last position's logits as the whole pass gives
+    them, and the same hidden states and cache; the other positions' logits differ (control)."""
+    tokens, positions = jnp.asarray([[4, 7, 9, 30]]), jnp.arange(4)[None]
+    feats = jax.random.normal(jax.random.key(5), (1, 4, feats_width))
+    full, x, cache = apply_fn(params, tokens, feats, positions, init_cache(1, 8))
+    last, x1, cache1 = apply_fn(params, tokens, feats, positions, init_cache(1, 8), last_only=True)
+    assert last.shape == (1, 1, vocab_size)
+    np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -1:]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(x1), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(cache1.k), np.asarray(cache.k))
+    finite = np.isfinite(np.asarray(full[0, 0]))
+    assert not np.allclose(np.asarray(last[0, 0])[finite], np.asarray(full[0, 0])[finite])

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import count_compiles, tiny_config
+from helpers import check_window_logits_at_last_only, count_compiles, tiny_config
 
 import jaxspec
 from jaxspec.core.sampling import SamplingParams
@@ -220,19 +220,9 @@ def test_a_head_for_another_target_is_refused_before_compiling(head):
 
 
 def test_a_window_pass_may_compute_its_last_logits_alone(head):
-    """``last_only`` (drafting's window pass) gives the last position's logits as the whole pass gives them, and the
-    same predicted features and cache; the other positions' logits differ (control)."""
+    """``last_only``: the last position's logits alone, as the whole pass gives them (helpers)."""
     apply_fn, init_cache = eagle_model.head_fns(head.config)
-    tokens, positions = jnp.asarray([[4, 7, 9, 30]]), jnp.arange(4)[None]
-    feats = jax.random.normal(jax.random.key(5), (1, 4, head.config.hidden_size))
-    full, f, cache = apply_fn(head.params, tokens, feats, positions, init_cache(1, 8))
-    last, f1, cache1 = apply_fn(head.params, tokens, feats, positions, init_cache(1, 8), last_only=True)
-    assert last.shape == (1, 1, head.config.vocab_size)
-    np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -1:]), rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(np.asarray(f1), np.asarray(f))
-    np.testing.assert_array_equal(np.asarray(cache1.k), np.asarray(cache.k))
-    finite = np.isfinite(np.asarray(full[0, 0]))
-    assert not np.allclose(np.asarray(last[0, 0])[finite], np.asarray(full[0, 0])[finite])
+    check_window_logits_at_last_only(apply_fn, init_cache, head.params, head.config.hidden_size, head.config.vocab_size)
 
 
 def test_head_config_needs_a_llama_target_with_its_full_vocabulary(target):

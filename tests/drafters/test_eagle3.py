@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import check_window_logits_at_last_only, tiny_config
 
 import jaxspec
 from jaxspec.drafters import eagle
@@ -75,19 +75,11 @@ def test_draft_rows_map_to_their_target_ids_and_nothing_else(head):
 
 
 def test_a_window_pass_may_compute_its_last_logits_alone(head):
-    """``last_only`` (drafting's window pass, which samples from its last position) gives that position's logits as
-    the whole pass gives them, and the same hidden states and cache; the other positions' logits differ (control)."""
+    """``last_only``: the last position's logits alone, as the whole pass gives them (helpers)."""
     apply_fn, init_cache = eagle3.head_fns(head.config)
-    tokens, positions = jnp.asarray([[4, 7, 9, 30]]), jnp.arange(4)[None]
-    feats = jax.random.normal(jax.random.key(5), (1, 4, head.config.feature_size))
-    full, x, cache = apply_fn(head.params, tokens, feats, positions, init_cache(1, 8))
-    last, x1, cache1 = apply_fn(head.params, tokens, feats, positions, init_cache(1, 8), last_only=True)
-    assert last.shape == (1, 1, head.config.vocab_size)
-    np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -1:]), rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(np.asarray(x1), np.asarray(x))
-    np.testing.assert_array_equal(np.asarray(cache1.k), np.asarray(cache.k))
-    finite = np.isfinite(np.asarray(full[0, 0]))
-    assert not np.allclose(np.asarray(last[0, 0])[finite], np.asarray(full[0, 0])[finite])
+    check_window_logits_at_last_only(
+        apply_fn, init_cache, head.params, head.config.feature_size, head.config.vocab_size
+    )
 
 
 def test_later_steps_read_the_heads_own_hidden_state(head):
