@@ -173,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S[,S...]",
         help="--humaneval: the EAGLE head's temperature scale (default its saved one); several: one eagle~S mode each",
     )
+    p.add_argument(
+        "--tree-scale",
+        type=lambda s: [float(x) for x in s.split(",")],
+        metavar="S[,S...]",
+        help="--humaneval: the temperature scale the EAGLE head's --trees sample at (default its saved "
+        "tree_temperature_scale); several: each tree at each scale, one tree:D,B,W~S mode each",
+    )
     for flag, what in (("--trees", "the EAGLE head"), ("--draft-trees", "the draft model (--shipped-draft)")):
         mode = "tree" if flag == "--trees" else "draft-tree"
         p.add_argument(
@@ -318,6 +325,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
     if args.gamma < 1 or any(g is not None and min(g) < 1 for g in (args.eagle_gamma, args.eagle3_gamma)):
         p.error("--gamma, --eagle-gamma and --eagle3-gamma must be >= 1")
+    if args.tree_scale is not None and not all(0 < s < float("inf") for s in args.tree_scale):
+        p.error(f"--tree-scale: each scale must be a finite number > 0, got {args.tree_scale}")
     if args.eagle_scale is not None:
         if not all(0 < s < float("inf") for s in args.eagle_scale):
             p.error("--eagle-scale values must be finite numbers > 0")

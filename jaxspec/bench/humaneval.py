@@ -9,7 +9,8 @@ round verified), the EAGLE head (``eagle``, at ``--eagle-gamma``, default γ) an
 ``gamma="auto"`` (``eagle-auto``, its own policy) and ``lookup+eagle`` (``jaxspec.LookupFirst``: prompt lookup at
 γ for rows where it matches, the head at its γ for the others); ``--eagle-scale`` sets the head's temperature scale
 (several: one ``eagle~S`` mode each, at one γ); ``--trees`` adds the head drafting trees (``tree:D,B,W``, one
-per shape: depth, branch, width) and ``--draft-trees`` the draft model drafting them (``draft-tree:D,B,W``). A
+per shape: depth, branch, width; with ``--tree-scale`` one ``tree:D,B,W~S`` per shape and tree temperature scale)
+and ``--draft-trees`` the draft model drafting them (``draft-tree:D,B,W``). A
 warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included).
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
@@ -86,12 +87,16 @@ def pooled_positions(hists: Sequence[Sequence[int]]) -> tuple[list[float | None]
 
 
 def tree_of(mode: str) -> tuple[int, int, int]:
-    """The shape of a ``tree:D,B,W`` (or ``draft-tree:D,B,W``) mode."""
-    depth, branch, width = (int(x) for x in mode.split(":")[1].split(","))
+    """The shape of a ``tree:D,B,W`` (or ``tree:D,B,W~S``, ``draft-tree:D,B,W``) mode."""
+    depth, branch, width = (int(x) for x in mode.split(":")[1].split("~")[0].split(","))
     return depth, branch, width
 
 
 def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None, head3=None) -> dict:
+    if mode.startswith("tree:") and "~" in mode:  # the head's tree at another tree temperature scale
+        return dict(
+            draft=dataclasses.replace(head, tree_temperature_scale=float(mode.split("~")[1])), tree=tree_of(mode)
+        )
     if mode.startswith("tree:"):
         return dict(draft=head, tree=tree_of(mode))
     if mode.startswith("draft-tree:"):
@@ -127,7 +132,10 @@ def run(args) -> dict:
     load_s = time.perf_counter() - start
     draft = jaxspec.load(getattr(args, "shipped_draft", None) or DRAFT, quantize=fmt)
     modes = [m for m in MODES if m == "plain" or m in getattr(args, "humaneval_modes", DEFAULT_MODES)]
+    tree_scales = getattr(args, "tree_scale", None) or ()
     trees = [f"tree:{d},{b},{w}" for d, b, w in getattr(args, "trees", None) or ()]
+    if tree_scales:  # each tree at each scale, interleaved like the other modes
+        trees = [f"{t}~{s:g}" for t in trees for s in tree_scales]
     wants_head = bool(set(HEAD_MODES) & set(modes) or trees)
     head = eagle.load(getattr(args, "eagle_head", None) or HEAD, target) if wants_head else None
     if head is not None and fmt:  # the head's own weights quantized too, as the draft model's

@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="EAGLE head: draft at the call's temperature times X (saved with the head); auto: the scale whose "
         "drafts at temperature 1 are accepted most on --heldout-data (teacher-forced)",
     )
+    ap.add_argument(
+        "--tree-temperature-scale",
+        type=_scale_arg,
+        metavar="auto|X",
+        help="EAGLE head: the same for the draft trees it samples (saved with the head; default: "
+        "--temperature-scale's); auto (EAGLE-3 heads): the scale whose sibling sets of four children are accepted "
+        "most at temperature 1 on --heldout-data (teacher-forced)",
+    )
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--dtype", default=None, help="load both models in this dtype (e.g. float32)")
     ap.add_argument("--save-draft", help="save the distilled draft here (jaxspec.save; must not exist)")
@@ -102,8 +110,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.draft is None and args.new_draft is None:
         ap.error("give --draft or --new-draft (both: a new EAGLE-3 head started from the EAGLE head --draft)")
-    if args.temperature_scale == "auto" and not args.heldout_data:
-        ap.error("--temperature-scale auto chooses the scale on --heldout-data: give it")
+    for flag in ("temperature_scale", "tree_temperature_scale"):
+        if getattr(args, flag) == "auto" and not args.heldout_data:
+            ap.error(f"--{flag.replace('_', '-')} auto chooses the scale on --heldout-data: give it")
     if (args.prompts is None) == (args.data is None):
         ap.error("give exactly one of --prompts (generate while training) and --data (offline)")
     progress = Progress(False if args.no_progress else None)
@@ -146,8 +155,9 @@ def main(argv=None):
         draft = load(args.draft, args.dtype)
     if args.heldout_data:
         ap.error("--heldout-data measures an EAGLE head; for a draft model give --heldout (prompts, measured α)")
-    if args.temperature_scale is not None:
-        ap.error("--temperature-scale is an EAGLE head's (a draft model samples at the call's temperature)")
+    for flag in ("temperature_scale", "tree_temperature_scale"):
+        if getattr(args, flag) is not None:
+            ap.error(f"--{flag.replace('_', '-')} is an EAGLE head's (a draft model samples at the call's temperature)")
     if args.data:
         return _run_offline(args, target, draft, save)
     result = distill(
@@ -186,6 +196,13 @@ def _report(args, log, target, draft) -> None:
         held = read_prompts(args.heldout)
         alpha = measure_alpha(target, draft, held, gamma=args.gamma, max_new_tokens=args.max_new_tokens, seed=args.seed)
         print(f"alpha greedy {alpha['greedy']:.3f}, t1 {alpha['t1']:.3f} on {len(held)} held-out prompts")
+
+
+def _print_choice(title: str, table: dict, best: float) -> None:
+    """A tuner's table, one line per scale (accepts per draft step), the chosen one marked."""
+    print(title)
+    for scale, accepts in table.items():
+        print(f"  {scale:g}: {' / '.join(f'{a:.3f}' for a in accepts)}" + ("  <- chosen" if scale == best else ""))
 
 
 def _scale_arg(text: str):
@@ -230,19 +247,26 @@ def _run_eagle3(args, target, spec, init=None):
     _report(args, log, target, head)
     if args.temperature_scale == "auto":
         best, table = eagle3_training.tune_temperature_scale(target, head, held)
-        print("held-out acceptance at temperature 1 (teacher-forced, per draft step) by temperature scale:")
-        for scale, accepts in table.items():
-            print(f"  {scale:g}: {' / '.join(f'{a:.3f}' for a in accepts)}" + ("  <- chosen" if scale == best else ""))
+        _print_choice(
+            "held-out acceptance at temperature 1 (teacher-forced, per draft step) by temperature scale:", table, best
+        )
         head = dataclasses.replace(head, temperature_scale=best)
     elif args.temperature_scale is not None:
         head = dataclasses.replace(head, temperature_scale=args.temperature_scale)
+    if args.tree_temperature_scale == "auto":
+        best, table = eagle3_training.tune_tree_temperature_scale(target, head, held, branch=4)
+        title = "held-out acceptance of four sampled children a node at temperature 1 (teacher-forced, per draft step)"
+        _print_choice(title + "\nby tree temperature scale:", table, best)
+        head = dataclasses.replace(head, tree_temperature_scale=best)
+    elif args.tree_temperature_scale is not None:
+        head = dataclasses.replace(head, tree_temperature_scale=args.tree_temperature_scale)
     if held:
         after = eagle3_training.agreement(target, head, held, steps=steps)
         for key, what in (("steps", "agreement"), ("accept", "acceptance at temperature 1")):
             was = " / ".join(f"{a:.3f}" for a in before[key]) + " -> " if before else ""
             now = " / ".join(f"{a:.3f}" for a in after[key])
             print(f"held-out {what} (teacher-forced, per draft step): {was}{now} on {len(held)} records")
-        print(f"temperature scale: {head.temperature_scale:g}")
+        print(f"temperature scale: {head.temperature_scale:g}, trees {head.tree_scale:g}")
     if args.save_draft:
         print(f"saved the EAGLE-3 head to {eagle.save(head, args.save_draft)}")
     return head
@@ -254,6 +278,8 @@ def _run_eagle(args, target, spec, init=None):
     An EAGLE-3 spec or head goes to ``_run_eagle3``."""
     if "eagle3_steps" in spec or (init is not None and init.eagle3):
         return _run_eagle3(args, target, spec, init)
+    if args.tree_temperature_scale == "auto":
+        raise SystemExit("jaxspec distill: --tree-temperature-scale auto tunes EAGLE-3 heads; give this one a number")
     name = Path(args.save_draft).name if args.save_draft else init.name if init else "eagle"
     held = read_data(args.heldout_data) if args.heldout_data else None  # a bad file fails before training
     before = agreement(target, init, held) if held and init is not None else None
@@ -277,12 +303,14 @@ def _run_eagle(args, target, spec, init=None):
     _report(args, log, target, head)
     if args.temperature_scale == "auto":
         best, table = tune_temperature_scale(target, head, held)
-        print("held-out acceptance at temperature 1 (teacher-forced, draft step 1 / 2) by temperature scale:")
-        for scale, (a1, a2) in table.items():
-            print(f"  {scale:g}: {a1:.3f} / {a2:.3f}" + ("  <- chosen" if scale == best else ""))
+        _print_choice(
+            "held-out acceptance at temperature 1 (teacher-forced, draft step 1 / 2) by temperature scale:", table, best
+        )
         head = dataclasses.replace(head, temperature_scale=best)
     elif args.temperature_scale is not None:
         head = dataclasses.replace(head, temperature_scale=args.temperature_scale)
+    if args.tree_temperature_scale is not None:
+        head = dataclasses.replace(head, tree_temperature_scale=args.tree_temperature_scale)
     if held:
         after = agreement(target, head, held)
         for key, what in (("step", "agreement"), ("accept", "acceptance at temperature 1")):

@@ -17,7 +17,8 @@ the rejection sampler stays exact: output has the target's distribution whatever
 samples at the call's temperature times its ``temperature_scale`` (1 unless set; greedy stays greedy): a head
 trained by cross-entropy is flatter than the target where it is unsure, and a sharper q can accept more at
 temperature 1. ``jaxspec.training.eagle.tune_temperature_scale`` picks it on held-out records; it is saved with the
-head.
+head. A tree draws each node's children without replacement and tries them in turn, so the q that suits it may not
+be a chain's: a head's trees draft at its ``tree_temperature_scale`` (its ``temperature_scale`` unless set).
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class EagleDrafter(Drafter):
       name: for messages and statistics.
       temperature_scale: the head drafts at the call's temperature times this (a finite number > 0; q changes,
         the output's distribution does not). Part of the compiled program: another value compiles anew.
+      tree_temperature_scale: the same for the trees it drafts (None: ``temperature_scale``): a node's children
+        are drawn without replacement and tried in turn, so the best q for a tree may not be a chain's
+        (``jaxspec.training.eagle3.tune_tree_temperature_scale`` measures it on held-out records).
       catch_up: the first pass reads at least this many of the newest verified pairs (``catching_up``: for rounds
         that may have verified more than γ+1 tokens since the head last drafted, as under ``LookupFirst``).
       shared_lm_head: an EAGLE-3 head whose LM head is the target's at the draft vocabulary's columns (not
@@ -82,6 +86,7 @@ class EagleDrafter(Drafter):
     params: Any = dataclasses.field(default=None, compare=False, repr=False)
     name: str = "eagle"
     temperature_scale: float = 1.0
+    tree_temperature_scale: float | None = None
     catch_up: int = 0
     shared_lm_head: bool = dataclasses.field(default=False, compare=False)
     tree: tuple[int, int, int] | None = None
@@ -95,10 +100,13 @@ class EagleDrafter(Drafter):
         return 3 if isinstance(self.config, eagle3.Eagle3Config) else 2
 
     def __post_init__(self):
-        scale = self.temperature_scale
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
-            raise ValueError(f"temperature_scale must be a finite number > 0, got {scale!r}")
-        object.__setattr__(self, "temperature_scale", float(scale))
+        for field in ("temperature_scale", "tree_temperature_scale"):
+            scale = getattr(self, field)
+            if scale is None and field == "tree_temperature_scale":
+                continue
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+                raise ValueError(f"{field} must be a finite number > 0, got {scale!r}")
+            object.__setattr__(self, field, float(scale))
         if self.tree is not None:
             object.__setattr__(self, "tree", check_tree(self.tree))
 
@@ -144,11 +152,16 @@ class EagleDrafter(Drafter):
         """A copy whose window pass reads (at least) the ``new`` newest verified pairs."""
         return dataclasses.replace(self, catch_up=max(self.catch_up, new))
 
-    def _sampling(self, sampling):
-        """The call's sampling parameters at the head's temperature (``temperature × temperature_scale``)."""
-        if self.temperature_scale == 1.0:
+    def _sampling(self, sampling, scale: float):
+        """The call's sampling parameters at the head's temperature (``temperature × scale``)."""
+        if scale == 1.0:
             return sampling
-        return dataclasses.replace(sampling, temperature=sampling.temperature * self.temperature_scale)
+        return dataclasses.replace(sampling, temperature=sampling.temperature * scale)
+
+    @property
+    def tree_scale(self) -> float:
+        """The temperature scale its trees draft at: ``tree_temperature_scale``, else ``temperature_scale``."""
+        return self.temperature_scale if self.tree_temperature_scale is None else self.tree_temperature_scale
 
     @property
     def eagle3(self) -> bool:
@@ -194,7 +207,7 @@ class EagleDrafter(Drafter):
         """A window pass over the γ+1 newest verified pairs (the ``catch_up`` newest, if more), then γ-1 steps on
         the head's own features."""
         apply_fn, _ = _head_fns(self.config)
-        sampling = self._sampling(sampling)
+        sampling = self._sampling(sampling, self.temperature_scale)
         gamma = keys.shape[1]
         batch, size = tokens.shape
         rows = jnp.arange(batch)[:, None]
@@ -244,7 +257,7 @@ class EagleDrafter(Drafter):
         window pass as ``draft``'s gives the root's distribution and features; a node's pass reads its token and its
         parent's features from the head's pass over the parent (the root's: the window's last)."""
         apply_fn, _ = _head_fns(self.config)
-        sampling = self._sampling(sampling)
+        sampling = self._sampling(sampling, self.tree_scale)
         batch, size = tokens.shape
         rows = jnp.arange(batch)[:, None]
         reach = max(depth, self.catch_up - 1)
@@ -348,6 +361,8 @@ def save(drafter: EagleDrafter, path) -> Path:
             "temperature_scale": drafter.temperature_scale,
             "lm_head": "target" if drafter.shared_lm_head else "own",
         }
+        if drafter.tree_temperature_scale is not None:
+            meta["tree_temperature_scale"] = drafter.tree_temperature_scale
         keep = [k for k in eagle3.OWN if k != "lm_head" or not drafter.shared_lm_head]
         return eagle_head.write(path, {k: drafter.params[k] for k in keep}, meta)
     own = families.stack_layers({k: drafter.params[k] for k in eagle_model.OWN})
@@ -358,14 +373,22 @@ def save(drafter: EagleDrafter, path) -> Path:
         "hidden_size": drafter.config.hidden_size,
         "temperature_scale": drafter.temperature_scale,
     }
+    if drafter.tree_temperature_scale is not None:
+        meta["tree_temperature_scale"] = drafter.tree_temperature_scale
     return eagle_head.write(path, own, meta)
 
 
 def load(
-    path, target: CausalLM, *, temperature_scale: float | None = None, revision: str | None = None
+    path,
+    target: CausalLM,
+    *,
+    temperature_scale: float | None = None,
+    tree_temperature_scale: float | None = None,
+    revision: str | None = None,
 ) -> EagleDrafter:
     """The head at ``path`` on ``target``: a directory saved by ``save`` (or ``jaxspec/<name>`` in the shipped
-    checkpoints), drafting at its saved ``temperature_scale`` unless one is given (1 for heads saved without one);
+    checkpoints), drafting at its saved ``temperature_scale`` and ``tree_temperature_scale`` unless given (1 and
+    the chains' scale for heads saved without them);
     or a published EAGLE-3 checkpoint as it is (``jaxspec.formats.eagle3``: the speculators layout or the EAGLE
     authors'), a directory or a Hugging Face id (``owner/name``, fetched once into the Hugging Face cache,
     ``revision`` a branch, tag or commit). ``ValueError`` for a directory that is neither, or a head that does not
@@ -381,7 +404,8 @@ def load(
         cfg3 = dataclasses.replace(cfg3, layer=layer)
         name = str(path).rstrip("/").split("/")[-1]
         scale = 1.0 if temperature_scale is None else temperature_scale
-        return EagleDrafter.for_target(target, own3, config=cfg3, name=name, temperature_scale=scale)
+        head = EagleDrafter.for_target(target, own3, config=cfg3, name=name, temperature_scale=scale)
+        return dataclasses.replace(head, tree_temperature_scale=tree_temperature_scale)
     path, meta, own = eagle_head.read(path)
     if meta["hidden_size"] != getattr(target.config, "hidden_size", None):
         raise ValueError(
@@ -407,5 +431,8 @@ def load(
         )
     if temperature_scale is None:
         temperature_scale = meta.get("temperature_scale", 1.0)
+    if tree_temperature_scale is None:
+        tree_temperature_scale = meta.get("tree_temperature_scale")
     name = meta.get("name", "eagle")
-    return EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=temperature_scale)
+    head = EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=temperature_scale)
+    return dataclasses.replace(head, tree_temperature_scale=tree_temperature_scale)

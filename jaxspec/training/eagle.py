@@ -20,6 +20,7 @@ Two stages, both resumable from ``out_dir``:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -228,6 +229,17 @@ def agreement(target: CausalLM, head: eagle.EagleDrafter, data, *, batch_size: i
     }
 
 
+def check_scales(scales) -> tuple[float, ...]:
+    """``scales`` as floats, or ``ValueError`` naming ``scales`` unless it holds finite numbers > 0, at least one."""
+    try:
+        grid = tuple(float(s) for s in scales)
+    except (TypeError, ValueError):
+        raise ValueError(f"scales must be a sequence of numbers, got {scales!r}") from None
+    if not grid or not all(0 < s < float("inf") for s in grid):
+        raise ValueError(f"scales must be finite numbers > 0, at least one, got {scales!r}")
+    return grid
+
+
 def tune_temperature_scale(
     target: CausalLM, head: eagle.EagleDrafter, data, *, scales=SCALES, batch_size: int = 4
 ) -> tuple[float, dict]:
@@ -236,12 +248,7 @@ def tune_temperature_scale(
     two-draft round, ``a1 + a1 * a2``), and ``{scale: (accept1, accept2)}`` for every scale. Records sampled from
     the target at temperature 1 (``scripts/data/generate_distill_data.py --temperature 1``) match how the scale is used.
     Set it with ``dataclasses.replace(head, temperature_scale=best)``; ``jaxspec.eagle.save`` keeps it."""
-    try:
-        scales = tuple(float(s) for s in scales)
-    except (TypeError, ValueError):
-        raise ValueError(f"scales must be a sequence of numbers, got {scales!r}") from None
-    if not scales or not all(0 < s < float("inf") for s in scales):
-        raise ValueError(f"scales must be finite numbers > 0, at least one, got {scales!r}")
+    scales = check_scales(scales)
     _, accept = _measure(target, head, data, batch_size, scales)
     table = {s: (float(accept[0, i]), float(accept[1, i])) for i, s in enumerate(scales)}
     best = max(scales, key=lambda s: table[s][0] * (1 + table[s][1]))
@@ -338,4 +345,5 @@ def train_head(
                 append_jsonl(out_dir / LOG_FILE, record)
     name = name or (init.name if init is not None else "eagle")
     scale = 1.0 if init is None else init.temperature_scale  # kept from the head trained on (tune it again)
-    return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=scale), log
+    head = eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=scale)
+    return dataclasses.replace(head, tree_temperature_scale=None if init is None else init.tree_temperature_scale), log

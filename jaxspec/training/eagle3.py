@@ -22,6 +22,7 @@ Two stages, both resumable from ``out_dir``:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -35,10 +36,11 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxspec.core.model import CausalLM
+from jaxspec.core.tree_acceptance import accept_tree_row, draw_children
 from jaxspec.drafters import eagle
 from jaxspec.models import eagle3, llama, quant
 from jaxspec.training.common import LOG_FILE, Checkpoints, append_jsonl, due, make_optimizer
-from jaxspec.training.eagle import batch_at
+from jaxspec.training.eagle import batch_at, check_scales
 from jaxspec.training.offline import choose_vocab, read_data
 
 STEP_DECAY = 0.8  # step k's loss weight is STEP_DECAY ** (k - 1): later steps matter less (fewer rounds reach them)
@@ -367,7 +369,8 @@ def train_head(
                 append_jsonl(out_dir / LOG_FILE, record)
     name = name or (init.name if init is not None else "eagle3")
     scale = 1.0 if init is None else init.temperature_scale
-    return eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=scale), log
+    head = eagle.EagleDrafter.for_target(target, own, config=cfg, name=name, temperature_scale=scale)
+    return dataclasses.replace(head, tree_temperature_scale=None if init is None else init.tree_temperature_scale), log
 
 
 def from_eagle_head(
@@ -513,6 +516,16 @@ def _shift(x, n: int):
     return jnp.pad(x[:, n:], ((0, 0), (0, n)) + ((0, 0),) * (x.ndim - 2))
 
 
+def _check_head(target: CausalLM, head) -> eagle3.Eagle3Config:
+    """``head``'s config, or ``ValueError`` naming ``head`` unless it is an EAGLE-3 head made for ``target``."""
+    if not isinstance(head, eagle.EagleDrafter) or not head.eagle3:
+        raise ValueError(f"head must be an EAGLE-3 head (jaxspec.eagle.load), got {getattr(head, 'name', head)!r}")
+    if head.target_config != target.config:
+        raise ValueError(f"head: the EAGLE head {head.name!r} was made for another target than {target.name!r}")
+    assert isinstance(head.config, eagle3.Eagle3Config)
+    return head.config
+
+
 def agreement(
     target: CausalLM, head: eagle.EagleDrafter, data, *, steps: int = 4, batch_size: int = 4, scales=None
 ) -> dict:
@@ -522,12 +535,7 @@ def agreement(
     counted per step}``; with ``scales``, ``"by_scale"``: ``{scale: [accept per step]}`` (q at temperature
     ``scale``). Step k reads the head's own step-(k-1) output as drafting does (``ttt_logits``); only drafted
     tokens inside the output count."""
-    if not isinstance(head, eagle.EagleDrafter) or not head.eagle3:
-        raise ValueError(f"head must be an EAGLE-3 head (jaxspec.eagle.load), got {getattr(head, 'name', head)!r}")
-    if head.target_config != target.config:
-        raise ValueError(f"head: the EAGLE head {head.name!r} was made for another target than {target.name!r}")
-    cfg = head.config
-    assert isinstance(cfg, eagle3.Eagle3Config)
+    cfg = _check_head(target, head)
     grid = tuple(float(s) for s in (scales or (head.temperature_scale,)))
     measure = _agreement_fn(target.config, cfg, steps, grid)
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
@@ -561,13 +569,145 @@ def tune_temperature_scale(target: CausalLM, head: eagle.EagleDrafter, data, *, 
     accepted most on ``data``'s outputs (teacher-forced: the expected accepted drafts of a ``steps``-draft round,
     a1 + a1·a2 + ...), and ``{scale: [accept per step]}``."""
     table = agreement(target, head, data, steps=steps, scales=scales)["by_scale"]
+    best = max(table, key=lambda s: _expected_accepted(table[s]))
+    return best, table
 
-    def expected(accepts):
-        run, total = 1.0, 0.0
-        for a in accepts:
-            run *= a
-            total += run
-        return total
 
-    best = max(table, key=lambda s: expected(table[s]))
+def _expected_accepted(accepts) -> float:
+    """a1 + a1·a2 + ...: the expected accepted drafts of a chain whose step k is accepted with ``accepts[k]``."""
+    run, total = 1.0, 0.0
+    for a in accepts:
+        run *= a
+        total += run
+    return total
+
+
+@functools.cache
+def _distributions_fn(target_cfg: llama.LlamaConfig, cfg: eagle3.Eagle3Config, steps: int):
+    ids = jnp.asarray(np.asarray(cfg.vocab_ids), jnp.int32)
+
+    @jax.jit
+    def run(target_params, params, tokens):
+        """``(p [B, T, rows + 1], drafted [steps, B, T, rows])``: the target's distribution at temperature 1 on the
+        draft vocabulary with the rest's mass last, and the head's logits at each draft step (``ttt_logits``)."""
+        batch, width = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
+        _, init_target = llama.model_fns(target_cfg)
+        logits, taps, _ = llama.taps_fn(target_cfg, cfg.aux_layers)(
+            target_params, tokens, positions, init_target(batch, width)
+        )
+        p = jax.nn.softmax(logits.astype(jnp.float32), -1)[..., ids]
+        p = jnp.concatenate([p, jnp.maximum(1.0 - jnp.sum(p, -1, keepdims=True), 0.0)], -1)
+        padded = jnp.pad(tokens[:, 1:], ((0, 0), (0, steps)))
+        return p, ttt_logits(cfg, params, padded, taps, positions, steps)
+
+    return run
+
+
+@functools.cache
+def _siblings_fn(branch: int, samples: int):
+    parent = jnp.zeros((branch + 1,), jnp.int32).at[0].set(-1)
+    rank = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.arange(branch, dtype=jnp.int32)])
+
+    def one(key, q, p):
+        draw, verify = jax.random.split(key)
+        kids = draw_children(draw, q, branch)
+        tokens = jnp.concatenate([jnp.zeros((1,), jnp.int32), kids])
+        parents = parent.at[1:].set(jnp.where(q[kids] > 0, 0, -1))  # a child of zero q is left out, as in trees
+        nodes_q = jnp.zeros((branch + 1, q.shape[0]), q.dtype).at[0].set(q)
+        nodes_p = jnp.broadcast_to(p, (branch + 1, p.shape[0]))
+        n, _, _ = accept_tree_row(verify, parents, tokens, rank, nodes_q, nodes_p, depth=1, branch=branch)
+        return n
+
+    @jax.jit
+    def accept(key, logits, p, scale):
+        """Mean over ``samples`` draws of whether one of ``branch`` children drawn without replacement from
+        ``softmax(logits / scale)`` (``[N, rows]``) is accepted against ``p [N, rows + 1]``: ``[N]``."""
+        q = jnp.pad(jax.nn.softmax(logits / scale, -1), ((0, 0), (0, 1)))
+        keys = jax.random.split(key, (samples, q.shape[0]))
+        return jnp.mean(jax.lax.map(lambda k: jax.vmap(one)(k, q, p), keys).astype(jnp.float32), 0)
+
+    return accept
+
+
+def sibling_acceptance(key, logits, p, scale: float, *, branch: int, samples: int):
+    """P(accept) of a tree node's ``branch`` children drawn without replacement from ``softmax(logits / scale)``
+    (``logits [N, rows]``) and tried in turn against ``p [N, rows + 1]`` (the last column: mass q never draws) by
+    the trees' recursive rejection sampling (``jaxspec.core.tree_acceptance.accept_tree_row``), estimated over
+    ``samples`` draws per row: ``[N]``."""
+    return _siblings_fn(branch, samples)(key, jnp.asarray(logits, jnp.float32), jnp.asarray(p, jnp.float32), scale)
+
+
+def tree_acceptance(
+    target: CausalLM,
+    head: eagle.EagleDrafter,
+    data,
+    *,
+    branch: int,
+    scales=SCALES,
+    steps: int = 2,
+    samples: int = 16,
+    seed: int = 0,
+    batch_size: int = 4,
+) -> dict[float, list[float]]:
+    """Teacher-forced acceptance at temperature 1 of a draft tree's sibling sets on ``data``'s outputs: at each
+    position and draft step k (1 .. ``steps``, the head's k-th output along the data as ``agreement``'s), the
+    probability that one of ``branch`` children drawn without replacement from q at temperature ``scale`` is
+    accepted (``sibling_acceptance``, ``samples`` draws a position): ``{scale: [accept per step]}``."""
+    cfg = _check_head(target, head)
+    if not isinstance(branch, int) or branch < 1:
+        raise ValueError(f"branch must be an int >= 1, got {branch!r}")
+    grid = check_scales(scales)
+    run = _distributions_fn(target.config, cfg, steps)
+    records = read_data(data) if isinstance(data, (str, Path)) else list(data)
+    sums, count = np.zeros((len(grid), steps)), np.zeros(steps)
+    key = jax.random.key(seed)
+    chunk = 256  # positions per Monte Carlo call: one shape, one compile
+    for first in range(0, len(records), batch_size):
+        part = records[first : first + batch_size]
+        width = -(-max(len(p) + len(o) for p, o in part) // 64) * 64
+        tokens = np.zeros((batch_size, width), np.int32)
+        for b, (prompt, output) in enumerate(part):
+            tokens[b, : len(prompt) + len(output)] = prompt + output
+        p, drafted = (np.asarray(x) for x in run(target.params, head.params, tokens))
+        for k in range(steps):  # step k+1 at index i drafts token i+k+2, whose distribution is p at i+k+1
+            rows, at = [], []
+            for b, (prompt, output) in enumerate(part):
+                i = np.arange(len(prompt) - k - 2, len(prompt) + len(output) - k - 2)
+                rows.append(np.full(len(i), b))
+                at.append(i)
+            b_idx, i_idx = np.concatenate(rows), np.concatenate(at)
+            keep = i_idx >= 0
+            b_idx, i_idx = b_idx[keep], i_idx[keep]
+            count[k] += len(i_idx)
+            for start in range(0, len(i_idx), chunk):
+                bb, ii = b_idx[start : start + chunk], i_idx[start : start + chunk]
+                pad = chunk - len(bb)
+                bb, ii = np.pad(bb, (0, pad), mode="edge"), np.pad(ii, (0, pad), mode="edge")
+                for s, scale in enumerate(grid):
+                    key, sub = jax.random.split(key)
+                    got = sibling_acceptance(
+                        sub, drafted[k][bb, ii], p[bb, ii + k + 1], scale, branch=branch, samples=samples
+                    )
+                    sums[s, k] += float(np.sum(np.asarray(got)[: chunk - pad]))
+    return {s: [float(x) for x in sums[i] / np.maximum(count, 1)] for i, s in enumerate(grid)}
+
+
+def tune_tree_temperature_scale(
+    target: CausalLM,
+    head: eagle.EagleDrafter,
+    data,
+    *,
+    branch: int = 4,
+    scales=SCALES,
+    steps: int = 2,
+    samples: int = 16,
+    seed: int = 0,
+):
+    """The ``tree_temperature_scale`` among ``scales`` under which the EAGLE-3 ``head``'s trees of ``branch``
+    children a node accept most at temperature 1 on ``data``'s outputs (``tree_acceptance``: the expected accepted
+    depths along a path, a1 + a1·a2 + ...), and ``{scale: [accept per step]}``. Set it with
+    ``dataclasses.replace(head, tree_temperature_scale=best)``; ``jaxspec.eagle.save`` keeps it."""
+    table = tree_acceptance(target, head, data, branch=branch, scales=scales, steps=steps, samples=samples, seed=seed)
+    best = max(table, key=lambda s: _expected_accepted(table[s]))
     return best, table

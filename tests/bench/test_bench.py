@@ -313,7 +313,7 @@ def test_continuous_flags_and_pool():
 
 def test_humaneval_flags_and_head_modes(small_draft):
     from jaxspec.bench.__main__ import parse_args
-    from jaxspec.bench.humaneval import AUTO_MODES, _kwargs
+    from jaxspec.bench.humaneval import AUTO_MODES, _kwargs, tree_of
 
     args = parse_args(["--humaneval", "--humaneval-modes", "plain,eagle,eagle-auto", "--eagle-gamma", "2"])
     assert (args.mode, args.humaneval_modes, args.eagle_gamma, args.gamma) == (
@@ -364,6 +364,18 @@ def test_humaneval_flags_and_head_modes(small_draft):
 
     scaled = _kwargs("eagle~0.75", "draft", 4, policies, Head(), 2)  # one of several scales, at the head's γ
     assert scaled == dict(draft=Head(0.75), gamma=2)
+    # a tree at a tree temperature scale: tree:D,B,W~S
+    assert parse_args(["--humaneval", "--tree-scale", "0.9,0.6"]).tree_scale == [0.9, 0.6]
+    for bad in (["--tree-scale", "0"], ["--tree-scale", "0.5,nan"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--humaneval", *bad])
+
+    @dataclasses.dataclass(frozen=True)
+    class TreeHead:
+        tree_temperature_scale: float | None = None
+
+    got = _kwargs("tree:6,4,10~0.6", "draft", 4, policies, TreeHead(), 2)
+    assert got == dict(draft=TreeHead(0.6), tree=(6, 4, 10)) and tree_of("tree:6,4,10~0.6") == (6, 4, 10)
 
 
 def test_structured_workload_is_held_out_and_validity_is_checked_by_hand():

@@ -170,6 +170,23 @@ def test_temperature_scale_is_checked_saved_and_loaded(tmp_path, target, head):
         eagle.load(path, target, temperature_scale=0)
 
 
+def test_tree_temperature_scale_is_checked_saved_and_loaded(tmp_path, target, head):
+    for bad in (0, -0.5, float("inf"), float("nan"), "0.8", True):
+        with pytest.raises(ValueError, match="tree_temperature_scale must be a finite number > 0"):
+            dataclasses.replace(head, tree_temperature_scale=bad)
+    sharp = dataclasses.replace(head, temperature_scale=0.9, tree_temperature_scale=0.6)
+    assert sharp != dataclasses.replace(head, temperature_scale=0.9)  # another compiled program
+    path = eagle.save(sharp, tmp_path / "sharp")
+    assert json.loads((path / "jaxspec.json").read_text())["tree_temperature_scale"] == 0.6
+    assert eagle.load(path, target) == sharp
+    assert eagle.load(path, target, tree_temperature_scale=0.4).tree_scale == 0.4
+    plain = eagle.load(eagle.save(head, tmp_path / "plain"), target)  # saved without one: trees use the chains'
+    assert plain.tree_temperature_scale is None and plain.tree_scale == plain.temperature_scale
+    assert "tree_temperature_scale" not in json.loads((tmp_path / "plain" / "jaxspec.json").read_text())
+    with pytest.raises(ValueError, match="tree_temperature_scale"):
+        eagle.load(path, target, tree_temperature_scale=-1)
+
+
 def test_a_head_drafts_at_the_calls_temperature_times_its_scale(target, head):
     """q of a head at scale s and temperature T equals q of the same head at scale 1 and temperature s·T (same
     drafts from the same keys); greedy drafting is unchanged."""
@@ -440,15 +457,28 @@ def test_cli_goes_on_training_a_saved_head(tmp_path, target, head, data, capsys)
     chosen = [line for line in out.splitlines() if line.endswith("<- chosen")]  # one row of the printed table
     assert len(chosen) == 1 and float(chosen[0].split(":")[0]) == tuned.temperature_scale
     assert f"temperature scale: {tuned.temperature_scale:g}" in out
-    main([*base, "--out", str(tmp_path / "run3"), "--temperature-scale", "0.8", "--save-draft", str(tmp_path / "t2")])
-    assert eagle.load(tmp_path / "t2", jaxspec.load(tmp_path / "target")).temperature_scale == 0.8
-    for bad in (["--temperature-scale", "auto"], ["--temperature-scale", "0"], ["--temperature-scale", "x"]):
+    t2 = ["--temperature-scale", "0.8", "--tree-temperature-scale", "0.6", "--save-draft", str(tmp_path / "t2")]
+    main([*base, "--out", str(tmp_path / "run3"), *t2])
+    saved = eagle.load(tmp_path / "t2", jaxspec.load(tmp_path / "target"))
+    assert saved.temperature_scale == 0.8 and saved.tree_temperature_scale == 0.6
+    for bad in (
+        ["--temperature-scale", "auto"],
+        ["--temperature-scale", "0"],
+        ["--temperature-scale", "x"],
+        ["--tree-temperature-scale", "-1"],
+        [*held, "--tree-temperature-scale", "auto"],  # the tree tuner measures EAGLE-3 heads
+    ):
         with pytest.raises(SystemExit):  # auto needs held-out records; a scale is a finite number > 0
             main([*base, "--out", str(tmp_path / "run4"), *bad])
     with pytest.raises(SystemExit):  # a draft model samples at the call's temperature
         main(
             ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "target"), "--data", str(data[0])]
             + ["--out", str(tmp_path / "run5"), "--temperature-scale", "0.8"]
+        )
+    with pytest.raises(SystemExit):
+        main(
+            ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "target"), "--data", str(data[0])]
+            + ["--out", str(tmp_path / "run6"), "--tree-temperature-scale", "0.8"]
         )
     with pytest.raises(SystemExit):  # agreement is a head's measure: refused for a draft model
         main(

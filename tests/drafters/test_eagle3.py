@@ -251,11 +251,17 @@ def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, targ
         str(tmp_path / "data.jsonl"),
     ]
     flags += ["--out", str(tmp_path / "run"), "--steps", "3", "--batch-size", "2", "--window", "16", "--no-progress"]
-    main([*flags, "--heldout-data", str(tmp_path / "data.jsonl"), "--save-draft", str(tmp_path / "head3")])
+    held = ["--heldout-data", str(tmp_path / "data.jsonl")]
+    main([*flags, *held, "--tree-temperature-scale", "auto", "--save-draft", str(tmp_path / "head3")])
     out = capsys.readouterr().out
     assert "final loss" in out and "held-out agreement (teacher-forced, per draft step)" in out
+    chosen = [line for line in out.splitlines() if line.endswith("<- chosen")]
+    assert "by tree temperature scale" in out and len(chosen) == 1
     reloaded = jaxspec.load(tmp_path / "target")
     loaded = eagle.load(tmp_path / "head3", reloaded)
+    assert loaded.tree_temperature_scale == float(chosen[0].split(":")[0]) and loaded.temperature_scale == 1.0
+    with pytest.raises(SystemExit):  # auto needs held-out records to choose on
+        main([*flags, "--tree-temperature-scale", "auto"])
     assert loaded.eagle3 and loaded.name == "head3" and loaded.config.draft_vocab_size == 40
     assert loaded.config.aux_layers == (1, 4)  # tap 4: the last layer's output
     assert loaded.shared_lm_head and "lm_head" not in np.load(tmp_path / "head3" / "model.npz").files

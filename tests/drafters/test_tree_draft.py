@@ -137,6 +137,36 @@ def test_sampled_tree_draws_children_without_replacement(target):
     assert len(set(firsts)) > 3, firsts
 
 
+def test_trees_draft_at_the_tree_temperature_scale_and_chains_at_the_other(target):
+    """A head's trees draw from q at the call's temperature times its ``tree_temperature_scale`` (the same tree,
+    q and tokens, as a head whose ``temperature_scale`` is that value); its chains keep ``temperature_scale``."""
+    import dataclasses
+
+    head = _heads(target)[1]
+    length, shape = 9, dict(depth=3, branch=2, width=3)
+    tokens, state = _prefilled(target, head, length)
+    args = (state, tokens, jnp.asarray([length]), SamplingParams.create(1.0, batch=1))
+    tree_sharp = dataclasses.replace(head, tree_temperature_scale=0.5)
+    assert tree_sharp.tree_scale == 0.5 and head.tree_scale == head.temperature_scale == 1.0
+
+    def tree(drafter):
+        draw = jax.jit(drafter.draft_tree, static_argnames=("vocab_size", "depth", "branch", "width"))
+        out = draw(drafter.params, *args, _keys(3, 3), target.vocab_size, **shape)
+        return np.asarray(out.q), np.asarray(out.tokens), np.asarray(out.parent)
+
+    def chain(drafter):
+        out = jax.jit(drafter.draft, static_argnums=6)(drafter.params, *args, _keys(3, 3), target.vocab_size)
+        return np.asarray(out.q), np.asarray(out.tokens)
+
+    got, want = tree(tree_sharp), tree(dataclasses.replace(head, temperature_scale=0.5))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+    assert np.abs(got[0] - tree(head)[0]).max() > 1e-3  # the scale changes the tree's q
+    for a, b in zip(chain(tree_sharp), chain(head)):  # and not the chain's
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_draft_models_tree_nodes_carry_their_paths_q(target):
     """A draft model's tree (``ModelDrafter.draft_tree``, a draft with a smaller vocabulary than the target's): at
     temperature 1 every node's q is the draft's softmax after the prefix and the node's path, as one plain forward
