@@ -480,22 +480,29 @@ def _typical_sizes(target: CausalLM, head, data, tokens: int, a_half, b_half, w_
 SCALES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0, 1.1, 1.25)  # tune_temperature_scale's default grid
 
 
+def _forced(target_cfg: llama.LlamaConfig, cfg: eagle3.Eagle3Config, steps: int, target_params, params, tokens):
+    """Teacher-forced over ``tokens [B, T]``: the target's logits ``[B, T, V]`` and the head's draft-vocabulary
+    logits at each of its ``steps`` draft steps ``[steps, B, T, rows]`` (``ttt_logits`` on the target's taps)."""
+    batch, width = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
+    _, init_target = llama.model_fns(target_cfg)
+    logits, taps, _ = llama.taps_fn(target_cfg, cfg.aux_layers)(
+        target_params, tokens, positions, init_target(batch, width)
+    )
+    padded = jnp.pad(tokens[:, 1:], ((0, 0), (0, steps)))
+    return logits, ttt_logits(cfg, params, padded, taps, positions, steps)
+
+
 @functools.cache
 def _agreement_fn(target_cfg: llama.LlamaConfig, cfg: eagle3.Eagle3Config, steps: int, scales: tuple):
     ids = jnp.asarray(np.asarray(cfg.vocab_ids), jnp.int32)
 
     @jax.jit
     def measure(target_params, params, tokens, start, stop):
-        batch, width = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
-        _, init_target = llama.model_fns(target_cfg)
-        logits, taps, _ = llama.taps_fn(target_cfg, cfg.aux_layers)(
-            target_params, tokens, positions, init_target(batch, width)
-        )
+        width = tokens.shape[1]
+        logits, drafted = _forced(target_cfg, cfg, steps, target_params, params, tokens)
         want = jnp.argmax(logits, -1)  # [B, T]: the target's top token after each position
         p = jax.nn.softmax(logits.astype(jnp.float32), -1)[..., ids]  # at temperature 1, on the draft vocabulary
-        padded = jnp.pad(tokens[:, 1:], ((0, 0), (0, steps)))
-        drafted = ttt_logits(cfg, params, padded, taps, positions, steps)  # [steps, B, T, rows]
         counts, accepts = [], []
         for k in range(steps):
             # step k+1 at position i drafts token i+k+2: the target's prediction at position i+k+1
@@ -536,7 +543,7 @@ def agreement(
     ``scale``). Step k reads the head's own step-(k-1) output as drafting does (``ttt_logits``); only drafted
     tokens inside the output count."""
     cfg = _check_head(target, head)
-    grid = tuple(float(s) for s in (scales or (head.temperature_scale,)))
+    grid = check_scales(scales) if scales else (head.temperature_scale,)
     measure = _agreement_fn(target.config, cfg, steps, grid)
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
     order = sorted(range(len(records)), key=lambda i: len(records[i][0]) + len(records[i][1]))
@@ -590,16 +597,9 @@ def _distributions_fn(target_cfg: llama.LlamaConfig, cfg: eagle3.Eagle3Config, s
     def run(target_params, params, tokens):
         """``(p [B, T, rows + 1], drafted [steps, B, T, rows])``: the target's distribution at temperature 1 on the
         draft vocabulary with the rest's mass last, and the head's logits at each draft step (``ttt_logits``)."""
-        batch, width = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
-        _, init_target = llama.model_fns(target_cfg)
-        logits, taps, _ = llama.taps_fn(target_cfg, cfg.aux_layers)(
-            target_params, tokens, positions, init_target(batch, width)
-        )
+        logits, drafted = _forced(target_cfg, cfg, steps, target_params, params, tokens)
         p = jax.nn.softmax(logits.astype(jnp.float32), -1)[..., ids]
-        p = jnp.concatenate([p, jnp.maximum(1.0 - jnp.sum(p, -1, keepdims=True), 0.0)], -1)
-        padded = jnp.pad(tokens[:, 1:], ((0, 0), (0, steps)))
-        return p, ttt_logits(cfg, params, padded, taps, positions, steps)
+        return jnp.concatenate([p, jnp.maximum(1.0 - jnp.sum(p, -1, keepdims=True), 0.0)], -1), drafted
 
     return run
 
@@ -660,6 +660,7 @@ def tree_acceptance(
     grid = check_scales(scales)
     run = _distributions_fn(target.config, cfg, steps)
     records = read_data(data) if isinstance(data, (str, Path)) else list(data)
+    records.sort(key=lambda r: len(r[0]) + len(r[1]))  # rows of like lengths share a batch: less padding
     sums, count = np.zeros((len(grid), steps)), np.zeros(steps)
     key = jax.random.key(seed)
     chunk = 256  # positions per Monte Carlo call: one shape, one compile
