@@ -93,15 +93,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for mark in marks:
             item.add_marker(mark)
-    # the longest tests first: xdist hands tests out in collection order, and one that takes a third of the run
-    # started halfway through finishes after everything else, with the other worker idle (longest first is the
-    # classic schedule for this); each of these runs its own process, so moving it out of its module costs nothing
+    # the longest tests first (the classic longest-first schedule): xdist hands tests out in collection order, so a
+    # test that takes a third of a worker's time, reached halfway, could run on after the rest with the other worker
+    # idle; each of these runs its own process, so moving it out of its module costs nothing
     rank = {name: n for n, name in enumerate(LONGEST)}
     items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))  # stable: the rest keep their order
 
 
-LONGEST = (  # test ids, longest first (pytest --durations on the 2-core CI machine)
-    "tests/integration/test_examples.py::test_python_examples_run_as_written",  # every docs page: ~5 min
+LONGEST = (  # test ids, longest first (pytest --durations on the 2-core machine)
+    "tests/integration/test_examples.py::test_python_examples_run_as_written",  # every docs page, minutes
     "tests/integration/test_notebooks.py::test_notebook_runs[acceptance.ipynb]",
     "tests/integration/test_notebooks.py::test_notebook_runs[quickstart.ipynb]",
     "tests/parallel/test_sharding.py::test_two_processes_match_one",
