@@ -52,6 +52,11 @@ PROMPT = [1, 3, 0]
 # 10 000 rows per call (was 20 000; halved for CI time): every negative control in this file still fails its test
 # at ALPHA, and 125 sequences of 3 tokens over 5 ids keep ~80 expected counts per cell
 NUM_SAMPLES = 10_000
+# A short cache (max_length): 10 000 rows attend over 8 positions instead of the default bucket's 64, which halves each
+# call's compile and run time. 8 holds the prompt and the 3 tokens, with a round's drafts cut at the cache's end near
+# it (the loop's cache-end path, exact like the rest); the trees take 16, which an 8-position cache would cut to
+# paths too short for their deepest acceptances.
+CACHE = 8
 ALPHA = 1e-3  # significance level of every goodness-of-fit test
 MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are merged
 BOUNDARY_MARGIN = 1e-4  # top-k / top-p decisions must not sit this close to their thresholds
@@ -249,7 +254,9 @@ def counts_of(tokens: list[list[int]], num: int = NUM_SAMPLES) -> np.ndarray:
     return np.bincount(idx, minlength=VOCAB**NEW_TOKENS)
 
 
-def run_and_test(target, draft, ctx_logits, *, gamma, temperature, top_k, top_p, seed, acceptance=None):
+def run_and_test(
+    target, draft, ctx_logits, *, gamma, temperature, top_k, top_p, seed, acceptance=None, max_length=CACHE
+):
     """Sample ``NUM_SAMPLES`` sequences in one call; returns ``(p_value, result, expected_probs, counts)``."""
     assert boundary_margin(all_context_rows(ctx_logits), temperature, top_k, top_p) > BOUNDARY_MARGIN
     probs = exact_distribution(ctx_logits, temperature, top_k, top_p)
@@ -264,6 +271,7 @@ def run_and_test(target, draft, ctx_logits, *, gamma, temperature, top_k, top_p,
         top_k=top_k,
         top_p=top_p,
         seed=seed,
+        max_length=max_length,
         **kwargs,
     )
     assert set(result.finish_reasons) == {"length"}
@@ -692,6 +700,7 @@ def test_per_row_parameters_in_one_call_are_exact(target, draft, target_logits):
         top_k=[r[1] for r in rows],
         top_p=[r[2] for r in rows],
         seed=8100,
+        max_length=CACHE,
     )
     assert set(result.finish_reasons) == {"length"}
     assert 0.05 < result.stats.acceptance_rate < 0.95
@@ -749,7 +758,15 @@ def test_tree_sampling_is_exact(request, target, target_logits, case):
     head = request.getfixturevalue(fixture).with_tree(shape)
     seed = 9000 + 10 * list(TREE_CASES).index(case)
     p_value, result, probs, counts = run_and_test(
-        target, head, target_logits, gamma=shape[0], temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+        target,
+        head,
+        target_logits,
+        gamma=shape[0],
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        max_length=2 * CACHE,
     )
     assert counts[probs == 0].sum() == 0
     assert p_value > ALPHA, f"the tree's output does not follow the warped target (p={p_value:.3g})"
@@ -773,6 +790,7 @@ def test_negative_control_tree_rule_is_rejected(target, eagle_head, target_logit
         top_p=None,
         seed=9100,
         acceptance=_WrongTreeRule(rule),
+        max_length=2 * CACHE,
     )
     assert p_value < 1e-6, f"the test failed to detect the tree rule {rule!r} (p={p_value:.3g})"
 
@@ -833,6 +851,7 @@ def run_constrained(target, drafter, ctx_logits, *, gamma, temperature, seed, ac
         temperature=temperature,
         seed=seed,
         constraint=CONSTRAINT,
+        max_length=CACHE,
         **kwargs,
     )
     index = {o: i for i, o in enumerate(outcomes)}
