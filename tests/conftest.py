@@ -93,18 +93,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for mark in marks:
             item.add_marker(mark)
-    # the longest tests first (the classic longest-first schedule): xdist hands tests out in collection order, so a
-    # test that takes a third of a worker's time, reached halfway, could run on after the rest with the other worker
-    # idle; each of these runs its own process, so moving it out of its module costs nothing
+    # the longest files first (the classic longest-first schedule): xdist hands out whole files (--dist loadfile,
+    # pyproject.toml) in collection order, so a file taking a quarter of a worker's time, reached halfway, could run
+    # on after the rest with the other worker idle
     rank = {name: n for n, name in enumerate(LONGEST)}
-    items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))  # stable: the rest keep their order
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
-LONGEST = (  # test ids, longest first (pytest --durations on the 2-core machine)
-    "tests/integration/test_examples.py::test_python_examples_run_as_written",  # every docs page, minutes
-    "tests/integration/test_notebooks.py::test_notebook_runs[acceptance.ipynb]",
-    "tests/integration/test_notebooks.py::test_notebook_runs[quickstart.ipynb]",
-    "tests/parallel/test_sharding.py::test_two_processes_match_one",
+LONGEST = (  # test files, longest first (pytest --durations on the 2-core machine, summed by file)
+    "tests/integration/test_examples.py",  # every docs page, minutes
+    "tests/generation/test_exactness.py",
+    "tests/drafters/test_eagle.py",
+    "tests/drafters/test_eagle3.py",
+    "tests/formats/test_gguf.py",
+    "tests/parallel/test_sharding.py",
 )
 
 
