@@ -20,8 +20,9 @@ group of rows must follow its own warped target by the same test, and fail it ag
 
 Coverage note: with ``max_new_tokens=3`` and ``gamma=3`` a round in which all drafts are accepted already emits
 >= 3 tokens, so the bonus token (drawn from ``p_gamma``) is never observed there; the ``gamma=1`` cases cover it
-(both rejection corrections and bonus tokens land inside the 3 observed tokens), and so does ``gamma=2`` at
-temperature 1 (all drafts accepted = 2 drafts + the bonus token as the third token).
+(both rejection corrections and bonus tokens land inside the 3 observed tokens), and so do the ``gamma=2`` cases at
+temperature 1 (the quantized pair, two of the restricted-vocabulary drafters: all drafts accepted = 2 drafts + the
+bonus token as the third token).
 """
 
 from __future__ import annotations
@@ -388,9 +389,9 @@ def test_cached_target_matches_full_logits(target, target_logits):
 # --------------------------------------------------------------------------------------------- exactness
 
 
-# temperature 1 at every γ; each other warping once, at γ = 1 (top-k: corrections and bonus tokens inside the three
-# observed tokens) or γ = 3 (CI time: a setting's warping is the same code at every γ)
-EXACTNESS_CASES = [("temp1", 1), ("temp1", 2), ("temp1", 3), ("temp0.6", 3), ("topk3", 1), ("topp0.8", 3)]
+# temperature 1 at γ = 1 and 3; each other warping once, at γ = 1 (top-k: corrections and bonus tokens inside the
+# three observed tokens) or γ = 3 (CI time: a setting's warping is the same code at every γ)
+EXACTNESS_CASES = [("temp1", 1), ("temp1", 3), ("temp0.6", 3), ("topk3", 1), ("topp0.8", 3)]
 
 
 @pytest.mark.slow
@@ -447,10 +448,9 @@ def assert_wrong_residual_is_caught(target, drafter, target_logits, *, gamma: in
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("gamma", [1, 3])
-def test_negative_control_wrong_residual_is_rejected(target, draft, target_logits, gamma):
+def test_negative_control_wrong_residual_is_rejected(target, draft, target_logits):
     """The same goodness-of-fit test must catch a wrong acceptance rule, and not by a narrow margin."""
-    assert_wrong_residual_is_caught(target, draft, target_logits, gamma=gamma, seed=2024 + gamma)
+    assert_wrong_residual_is_caught(target, draft, target_logits, gamma=3, seed=2027)
 
 
 # --------------------------------------------------------------------------------------------- quantized models
@@ -493,7 +493,7 @@ LOOKUP = jaxspec.PromptLookup(max_ngram=3, min_ngram=1)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting,gamma", [("temp1", 1), ("temp1", 3), ("topk3", 2)])
+@pytest.mark.parametrize("setting,gamma", [("temp1", 3), ("topk3", 2)])
 def test_prompt_lookup_sampling_is_exact(target, target_logits, setting, gamma):
     temperature, top_k, top_p = SETTINGS[setting]
     p_value, result, probs, counts = run_and_test(
@@ -522,7 +522,7 @@ def test_negative_control_prompt_lookup_wrong_residual(target, target_logits):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", ["temp1", "topk3"])
+@pytest.mark.parametrize("setting", ["temp1"])
 def test_lookup_first_sampling_is_exact(target, draft, target_logits, setting):
     temperature, top_k, top_p = SETTINGS[setting]
     p_value, result, probs, counts = run_and_test(
@@ -619,7 +619,7 @@ def test_other_vocabulary_drafts_are_what_the_cases_need(smaller_vocab_draft, la
 
 # drafter fixture -> (its cases (setting, γ), the seed base of those cases, the negative control's seed)
 RESTRICTED_DRAFTERS = {
-    "reduced_draft": ([("temp1", 3), ("topk3", 1)], 7000, 7100),
+    "reduced_draft": ([("temp1", 3)], 7000, 7100),
     "eagle_head": ([("temp1", 3)], 8000, 8100),
     "scaled_eagle_head": ([("temp1", 2)], 8200, 8300),
     "eagle3_head": ([("topk3", 3)], 8800, 8900),  # temperature 1 with top-k 3
