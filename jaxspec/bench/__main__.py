@@ -340,6 +340,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+# the CPU features XLA:CPU's products depend on most (int8 dot products: VNNI; wide vectors: AVX-512; AMX tiles)
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
+
+
+def machine(cpuinfo: str | None = None) -> dict:
+    """The machine a run measured: backend, device, jax version, and on Linux the CPU's model name, logical cores
+    and which of ``CPU_FEATURES`` it has (read from ``/proc/cpuinfo``, or ``cpuinfo`` when given): figures from
+    machines with other features (a w8a8 product with or without VNNI) do not compare."""
+    info: dict = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "jax": jax.__version__}
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return info
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    info["cpu"] = fields.get("model name", "unknown")
+    info["cpu_cores"] = sum(1 for line in cpuinfo.splitlines() if line.startswith("processor"))
+    info["cpu_features"] = [f for f in CPU_FEATURES if f in flags]
+    return info
+
+
 def main(argv=None) -> dict:
     """Parse the flags, set ``--devices`` simulated CPU devices, print the backend, run the mode, write ``--json``
     if asked; returns the mode's JSON document. The persistent compilation cache is off unless
@@ -352,12 +379,21 @@ def main(argv=None) -> dict:
     else:
         compile_cache.use_default()
     cache_dir = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # a dynamic config attribute
+    host = machine()
+    cpu = (
+        f", CPU {host['cpu']} ({host['cpu_cores']} cores; {' '.join(host['cpu_features']) or 'none'} of "
+        f"{' '.join(CPU_FEATURES)})"
+        if "cpu" in host
+        else ""
+    )
     print(
-        f"jaxspec.bench: backend {jax.default_backend()}, device {jax.devices()[0]}, jax {jax.__version__}, "
+        f"jaxspec.bench: backend {host['backend']}, device {host['device']}, jax {host['jax']}{cpu}, "
         f"persistent compilation cache {cache_dir or 'off'}",
         flush=True,
     )
     doc = MODES[args.mode](args)
+    if isinstance(doc, dict):
+        doc.setdefault("machine", host)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=str)

@@ -88,6 +88,25 @@ def test_quick_prints_the_tables(quick_run):
     assert "summary" in stdout and "efficiency A" in stdout
 
 
+def test_the_run_names_its_machine(quick_run):
+    """The header and the JSON name the CPU and the features its products depend on (VNNI for w8a8's)."""
+    from jaxspec.bench.__main__ import CPU_FEATURES, machine
+
+    stdout, doc = quick_run
+    assert doc["machine"]["backend"] == "cpu" and f"jax {doc['machine']['jax']}" in stdout
+    if "cpu" in doc["machine"]:  # Linux: the model name is in the header too
+        assert f"CPU {doc['machine']['cpu']}" in stdout
+    cpuinfo = (  # two logical cores of a made-up CPU, in /proc/cpuinfo's layout
+        "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu avx2 avx512f avx512_vnni sse4_2\n\n"
+        "processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu avx2 avx512f avx512_vnni sse4_2\n"
+    )
+    found = machine(cpuinfo)
+    assert found["cpu"] == "Test CPU 9000" and found["cpu_cores"] == 2
+    assert found["cpu_features"] == ["avx2", "avx512f", "avx512_vnni"]  # in CPU_FEATURES' order, others left out
+    assert machine("processor\t: 0\nflags\t\t: fpu sse2\n")["cpu_features"] == []
+    assert set(found["cpu_features"]) <= set(CPU_FEATURES)
+
+
 def test_quick_json_figures_are_consistent(quick_run):
     _, doc = quick_run
     args = doc["args"]
