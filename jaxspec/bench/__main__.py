@@ -368,9 +368,9 @@ def machine(cpuinfo: str | None = None) -> dict:
 
 
 def main(argv=None) -> dict:
-    """Parse the flags, set ``--devices`` simulated CPU devices, print the backend, run the mode, write ``--json``
-    if asked; returns the mode's JSON document. The persistent compilation cache is off unless
-    ``$JAXSPEC_COMPILATION_CACHE`` names a directory, so that first calls measure compiles."""
+    """Parse the flags, set ``--devices`` simulated CPU devices, print the machine (``machine``), run the mode, write
+    ``--json`` if asked; returns the mode's JSON document (with ``machine``). The persistent compilation cache is off
+    unless ``$JAXSPEC_COMPILATION_CACHE`` names a directory, so that first calls measure compiles."""
     args = parse_args(argv)
     if args.devices:  # must happen before the backend starts; only the CPU backend reads it
         jax.config.update("jax_num_cpu_devices", args.devices)

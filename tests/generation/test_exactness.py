@@ -7,7 +7,7 @@ Speculative decoding must return *exactly* the distribution of plain sampling fr
 
 from the target's full-sequence logits (no cache) and a NumPy reimplementation of the warping rule documented
 in ``jaxspec/sampling.py`` (nothing in ``jaxspec.core.sampling`` is used to build expected values). We then draw
-20 000 sequences in one batched ``generate`` call and run a chi-square goodness-of-fit test.
+10 000 sequences in one batched ``generate`` call and run a chi-square goodness-of-fit test.
 
 The models are random but deliberately peaked (``init_std=0.3`` instead of 0.02, which would give nearly
 uniform next-token distributions) and the draft is a different, smaller architecture with another seed, so
