@@ -90,7 +90,7 @@ def test_quick_prints_the_tables(quick_run):
 
 def test_the_run_names_its_machine(quick_run):
     """The header and the JSON name the CPU and the features its products depend on (VNNI for w8a8's)."""
-    from jaxspec.bench.__main__ import CPU_FEATURES, machine
+    from jaxspec.bench.__main__ import machine
 
     stdout, doc = quick_run
     assert doc["machine"]["backend"] == "cpu" and f"jax {doc['machine']['jax']}" in stdout
@@ -104,7 +104,6 @@ def test_the_run_names_its_machine(quick_run):
     assert found["cpu"] == "Test CPU 9000" and found["cpu_cores"] == 2
     assert found["cpu_features"] == ["avx2", "avx512f", "avx512_vnni"]  # in CPU_FEATURES' order, others left out
     assert machine("processor\t: 0\nflags\t\t: fpu sse2\n")["cpu_features"] == []
-    assert set(found["cpu_features"]) <= set(CPU_FEATURES)
 
 
 def test_quick_json_figures_are_consistent(quick_run):

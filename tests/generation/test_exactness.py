@@ -58,6 +58,7 @@ NUM_SAMPLES = 10_000
 # it (the loop's cache-end path, exact like the rest); the trees take 16, which an 8-position cache would cut to
 # paths too short for their deepest acceptances.
 CACHE = 8
+TREE_CACHE = 16
 ALPHA = 1e-3  # significance level of every goodness-of-fit test
 MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are merged
 BOUNDARY_MARGIN = 1e-4  # top-k / top-p decisions must not sit this close to their thresholds
@@ -766,7 +767,7 @@ def test_tree_sampling_is_exact(request, target, target_logits, case):
         top_k=top_k,
         top_p=top_p,
         seed=seed,
-        max_length=2 * CACHE,
+        max_length=TREE_CACHE,
     )
     assert counts[probs == 0].sum() == 0
     assert p_value > ALPHA, f"the tree's output does not follow the warped target (p={p_value:.3g})"
@@ -790,7 +791,7 @@ def test_negative_control_tree_rule_is_rejected(target, eagle_head, target_logit
         top_p=None,
         seed=9100,
         acceptance=_WrongTreeRule(rule),
-        max_length=2 * CACHE,
+        max_length=TREE_CACHE,
     )
     assert p_value < 1e-6, f"the test failed to detect the tree rule {rule!r} (p={p_value:.3g})"
 
