@@ -10,7 +10,7 @@ the tokens and the seconds the call took: llama.cpp plain greedy on the file's o
 and its prompt-lookup decoding (``LlamaPromptLookupDecoding``). jaxspec runs here: plain float32, plain w8a8
 (``jaxspec.quantize``) and w8a8 with the shipped EAGLE head. Each jaxspec mode's first call per compiled shape is
 run once untimed. Prints tokens/s per mode (summed tokens ÷ summed seconds) and each mode's ratio to llama.cpp
-plain; ``--json`` writes them.
+plain, after the machine (CPU model, cores, features: ``jaxspec.bench``'s ``machine``); ``--json`` writes them.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def main() -> None:
         return
 
     import jaxspec
+    from jaxspec.bench.__main__ import machine
     from jaxspec.bench.humaneval import HEAD, bucket_cache, load_problems, prompt_ids
     from jaxspec.formats import named
 
@@ -126,6 +127,8 @@ def main() -> None:
     proc.wait()
     base = totals["llama.cpp plain (Q4_1)"][0] / totals["llama.cpp plain (Q4_1)"][1]
     rows = {}
+    host = machine()
+    print(f"machine: {host.get('cpu', host['device'])}, {host.get('cpu_cores', '?')} cores, {host.get('cpu_features')}")
     print(f"{len(ids)} HumanEval prompts, batch 1, greedy, {a.max_new_tokens} new tokens, {a.threads} threads")
     for m, (n, s) in totals.items():
         rows[m] = {"tokens": n, "seconds": s, "tok_s": n / s, "vs_llama_cpp_plain": n / s / base}
@@ -134,7 +137,9 @@ def main() -> None:
     print(f"greedy rows identical, jaxspec float32 vs llama.cpp Q4_1: {same} / {len(ids)}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"prompts": len(ids), "max_new_tokens": a.max_new_tokens, "modes": rows}, f, indent=1)
+            json.dump(
+                {"machine": host, "prompts": len(ids), "max_new_tokens": a.max_new_tokens, "modes": rows}, f, indent=1
+            )
 
 
 if __name__ == "__main__":
