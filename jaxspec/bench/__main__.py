@@ -17,6 +17,7 @@ from jaxspec.bench import continuous, humaneval, lookup, mesh, quant, shipped, s
 from jaxspec.bench.continuous import MODES as CONTINUOUS_MODES
 from jaxspec.bench.humaneval import DEFAULT_MODES as HUMANEVAL_DEFAULT_MODES
 from jaxspec.bench.humaneval import MODES as HUMANEVAL_MODES
+from jaxspec.bench.measure import CPU_FEATURES, machine
 from jaxspec.bench.pairs import PAIRS
 from jaxspec.drafters import branching
 from jaxspec.loop import compile_cache
@@ -338,33 +339,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.mesh is not None:
         args.mode = "mesh"
     return args
-
-
-# the CPU features XLA:CPU's products depend on most (int8 dot products: VNNI; wide vectors: AVX-512; AMX tiles)
-CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
-
-
-def machine(cpuinfo: str | None = None) -> dict:
-    """The machine a run measured: backend, device, jax version, and on Linux the CPU's model name, logical cores
-    and which of ``CPU_FEATURES`` it has (read from ``/proc/cpuinfo``, or ``cpuinfo`` when given): figures from
-    machines with other features (a w8a8 product with or without VNNI) do not compare."""
-    info: dict = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "jax": jax.__version__}
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return info
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    flags = set(fields.get("flags", "").split())
-    info["cpu"] = fields.get("model name", "unknown")
-    info["cpu_cores"] = sum(1 for line in cpuinfo.splitlines() if line.startswith("processor"))
-    info["cpu_features"] = [f for f in CPU_FEATURES if f in flags]
-    return info
 
 
 def main(argv=None) -> dict:

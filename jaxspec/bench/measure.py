@@ -1,5 +1,5 @@
-"""Measurements: model step and prefill timers, compile time, memory, ``generate`` runs, and the in-loop
-breakdown (ms per round with a ~zero-cost null model swapped into the target and/or draft seat)."""
+"""Measurements: the machine (``machine``), model step and prefill timers, compile time, memory, ``generate`` runs,
+and the in-loop breakdown (ms per round with a ~zero-cost null model swapped into the target and/or draft seat)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,35 @@ from jaxspec import loop
 from jaxspec.bench.pairs import Pair, make_prompt
 from jaxspec.core.model import CausalLM
 from jaxspec.generation.generate import prepare
+
+# --------------------------------------------------------------------------------------------- the machine
+
+# the CPU features XLA:CPU's products depend on most (int8 dot products: VNNI; wide vectors: AVX-512; AMX tiles)
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
+
+
+def machine(cpuinfo: str | None = None) -> dict:
+    """The machine a run measured: backend, device, jax version, and on Linux the CPU's model name, logical cores
+    and which of ``CPU_FEATURES`` it has (read from ``/proc/cpuinfo``, or ``cpuinfo`` when given): figures from
+    machines with other features (a w8a8 product with or without VNNI) do not compare."""
+    info: dict = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "jax": jax.__version__}
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return info
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    info["cpu"] = fields.get("model name", "unknown")
+    info["cpu_cores"] = sum(1 for line in cpuinfo.splitlines() if line.startswith("processor"))
+    info["cpu_features"] = [f for f in CPU_FEATURES if f in flags]
+    return info
+
 
 # --------------------------------------------------------------------------------------------- model steps
 

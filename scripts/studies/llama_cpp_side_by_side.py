@@ -10,7 +10,7 @@ the tokens and the seconds the call took: llama.cpp plain greedy on the file's o
 and its prompt-lookup decoding (``LlamaPromptLookupDecoding``). jaxspec runs here: plain float32, plain w8a8
 (``jaxspec.quantize``) and w8a8 with the shipped EAGLE head. Each jaxspec mode's first call per compiled shape is
 run once untimed. Prints tokens/s per mode (summed tokens ÷ summed seconds) and each mode's ratio to llama.cpp
-plain, after the machine (CPU model, cores, features: ``jaxspec.bench``'s ``machine``); ``--json`` writes them.
+plain, after the machine (CPU model, cores, features: ``jaxspec.bench.measure.machine``); ``--json`` writes them.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def main() -> None:
         return
 
     import jaxspec
-    from jaxspec.bench.__main__ import machine
     from jaxspec.bench.humaneval import HEAD, bucket_cache, load_problems, prompt_ids
+    from jaxspec.bench.measure import machine
     from jaxspec.formats import named
 
     path = str(named.path("smollm2-135m-instruct"))

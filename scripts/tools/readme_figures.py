@@ -40,20 +40,16 @@ BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /f
 
 
 def machine() -> str:
-    """``N-core CPU model, jax X`` (the backend and its device when it is not the CPU)."""
+    """``N-core CPU model, jax X`` (the backend and its device when it is not the CPU), from
+    ``jaxspec.bench.measure.machine``."""
     import jax
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    backend = jax.default_backend()
-    device = "" if backend == "cpu" else f", {jax.devices()[0].device_kind}"
-    return f"{os.cpu_count()}-core {cpu}{device}, jax {jax.__version__}"
+    from jaxspec.bench.measure import machine as host_machine
+
+    host = host_machine()
+    cpu = host.get("cpu") or platform.processor() or platform.machine()
+    device = "" if host["backend"] == "cpu" else f", {jax.devices()[0].device_kind}"
+    return f"{host.get('cpu_cores') or os.cpu_count()}-core {cpu}{device}, jax {host['jax']}"
 
 
 def replace_block(text: str, name: str, body: str) -> str:

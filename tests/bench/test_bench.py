@@ -90,7 +90,7 @@ def test_quick_prints_the_tables(quick_run):
 
 def test_the_run_names_its_machine(quick_run):
     """The header and the JSON name the CPU and the features its products depend on (VNNI for w8a8's)."""
-    from jaxspec.bench.__main__ import machine
+    from jaxspec.bench.measure import machine
 
     stdout, doc = quick_run
     assert doc["machine"]["backend"] == "cpu" and f"jax {doc['machine']['jax']}" in stdout
