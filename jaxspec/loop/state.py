@@ -70,8 +70,9 @@ class LoopSpec:
 
 def default_chunk(cache_len: int) -> int:
     """The prefill's chunk for a cache of ``cache_len`` positions: an eighth of it, at least 32 and at most all of
-    it. 32 positions cost about as much per token as any wider pass of a small model on a CPU, while a long cache
-    (long prompts, an accelerator) gets wide chunks; the padding past the longest prompt is under a chunk."""
+    it. The padding past the longest prompt is under a chunk, so short prompts pay for few positions, while a long
+    cache (long prompts, an accelerator) gets wide chunks; wider passes cost less per position (on a CPU too:
+    docs/history/cpu-costs.md), which a short cache's 32 leave unused."""
     return min(cache_len, max(32, cache_len // 8))
 
 
