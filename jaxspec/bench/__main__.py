@@ -226,6 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
         "with one-token matches, as before lookup abstained; lookup+eagle: prompt lookup at --gamma where it "
         "matches, the EAGLE head at --eagle-gamma elsewhere)",
     )
+    p.add_argument(
+        "--ttft",
+        action="store_true",
+        help="--humaneval: before each timed call, the same call with max_new_tokens=1 (same cache length), timed: "
+        "reports the time to first token and the decode phase after it (tokens/s and the ratio to plain) apart",
+    )
     p.add_argument("--prompts-out", metavar="JSONL", help="--humaneval: write the prompt ids (for transformers)")
     p.add_argument("--target", help="--humaneval: another target (default smollm2-135m-instruct)")
     p.add_argument(

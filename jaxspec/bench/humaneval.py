@@ -15,6 +15,13 @@ warm-up call per mode and (rows, cache bucket) compiles first (auto's calibratio
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
 between calls; a round's cost in plain steps; and the bound τ/(γc+v) with the measured τ, c and v (fixed γ).
+With ``--ttft`` every timed call (but the auto modes', whose policies would learn from it) is preceded by the same
+call with ``max_new_tokens=1`` at the same cache length: its time is the call's time to first token (the prefill,
+and for a speculative mode the drafter's prefill and the first round), and what is left of the whole call's time is
+the decode phase, reported as tokens/s (the tokens after the first round's, which the 1-token call counts as its
+accepted drafts plus one a row, over that time) and as a ratio to plain's: a serving benchmark's time per output
+token. The bound τ/(γc+v) describes that phase; the prompt's prefill is the same work in every mode and dilutes the
+whole call's ratio.
 
 Prompt ids are written with ``--prompts-out`` so transformers can be timed on the very same ids
 (``scripts/studies/bench_transformers.py``).
@@ -84,6 +91,18 @@ def pooled_positions(hists: Sequence[Sequence[int]]) -> tuple[list[float | None]
     lengths = {len(h) for h in hists}
     total = [sum(col) for col in zip(*hists)] if len(lengths) == 1 else None
     return [a / r if r else None for a, r in zip(passed, reached)], total
+
+
+FIRST = dict(first_seconds=0.0, first_tokens=0, first_calls=0)  # a mode's --ttft totals (its 1-token calls)
+
+
+def decode_phase(t: dict) -> float | None:
+    """Tokens/s of the decode phase from a mode's totals: the tokens after the first round's (``first_tokens``)
+    over the whole calls' seconds less their 1-token calls' (``--ttft``); None without 1-token calls or with no
+    time left after them."""
+    if not t["first_calls"] or t["seconds"] <= t["first_seconds"]:
+        return None
+    return (t["tokens"] - t["first_tokens"]) / (t["seconds"] - t["first_seconds"])
 
 
 def tree_of(mode: str) -> tuple[int, int, int]:
@@ -206,7 +225,8 @@ def run(args) -> dict:
             calls = [ids[i : i + batch] for i in range(0, len(ids), batch)]
             base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
             totals: dict[str, dict[str, Any]] = {
-                m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hists=[]) for m in modes
+                m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hists=[], **FIRST)
+                for m in modes
             }
             choices: dict[str, dict[str, int]] = {m: {} for m in AUTO_MODES}
             last_decision: dict[str, dict] = {}  # the last call's decision per auto mode (its expected speed-ups)
@@ -235,14 +255,17 @@ def run(args) -> dict:
                                 flush=True,
                             )
                 for m in modes:
-                    s = jaxspec.generate(
-                        target,
-                        call,
-                        seed=args.seed + k,
-                        **base,
-                        **_kwargs(m, draft, args.gamma, policies, head, head_gamma, head3),
-                    ).stats
+                    kwargs = _kwargs(m, draft, args.gamma, policies, head, head_gamma, head3)
                     t = totals[m]
+                    if getattr(args, "ttft", False) and m not in AUTO_MODES:
+                        first = dict(base, max_new_tokens=1, max_length=bucket[1])
+                        s = jaxspec.generate(target, call, seed=args.seed + k, **first, **kwargs).stats
+                        t["first_seconds"] += s.wall_time_s
+                        # its one round's tokens, which the whole call emits before the decode phase: the round
+                        # accepted s.accepted drafts and added one token a row (max_new_tokens=1 kept one of them)
+                        t["first_tokens"] += s.generated_tokens + s.accepted
+                        t["first_calls"] += 1
+                    s = jaxspec.generate(target, call, seed=args.seed + k, **base, **kwargs).stats
                     t["tokens"] += s.generated_tokens
                     t["seconds"] += s.wall_time_s
                     t["drafted"] += s.drafted
@@ -271,6 +294,7 @@ def run(args) -> dict:
                 }
             plain = totals["plain"]
             plain_tps = plain["tokens"] / plain["seconds"]
+            plain_decode = decode_phase(plain)
             plain_step = plain["seconds"] / max(plain["row_steps"], 1)
             for m in modes:
                 t = totals[m]
@@ -314,6 +338,11 @@ def run(args) -> dict:
                     "tokens": t["tokens"],
                     "seconds": t["seconds"],
                 }
+                decode = decode_phase(t)
+                if decode is not None:
+                    row["ttft_s"] = t["first_seconds"] / t["first_calls"]
+                    row["decode_tok_s"] = decode
+                    row["decode_ratio"] = decode / plain_decode if plain_decode else None
                 if m in AUTO_MODES:
                     row["auto_choices"] = dict(choices[m])
                     if m in last_decision:
@@ -331,6 +360,12 @@ def run(args) -> dict:
                     f"{tps / plain_tps:>7.2f}× | {round_cost:>5.2f} | {b:>5}{extra}",
                     flush=True,
                 )
+                if decode is not None:
+                    vs = f", {decode / plain_decode:.2f}× plain's" if plain_decode else ""
+                    print(
+                        f"{'':>6}   first token {1e3 * row['ttft_s']:.0f} ms a call; after it {decode:.1f} tok/s{vs}",
+                        flush=True,
+                    )
                 if positions and m != "plain":
                     per = ", ".join("-" if a is None else f"{a:.3f}" for a in positions)
                     at1 = "" if bound is None else f"; bound at v = 1: {tau / (g * cm + 1.0):.2f}"

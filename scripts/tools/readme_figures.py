@@ -34,7 +34,7 @@ MAIN_JOB = (
 )
 HUMANEVAL = (
     "python -m jaxspec.bench --humaneval --humaneval-modes plain,eagle,eagle-auto,lookup --eagle-gamma 3 --gamma 4 "
-    "--batches 1 --temperatures 0 --max-new-tokens 64 --step-iters 3 --json bench.json --prompts-out ids.jsonl"
+    "--batches 1 --temperatures 0 --max-new-tokens 64 --step-iters 3 --ttft --json bench.json --prompts-out ids.jsonl"
 )
 BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 
@@ -110,8 +110,23 @@ def humaneval_body(doc: dict) -> str:
             f"\nHead c {c} (a head step ÷ a target step), v {v} (a verify pass over γ + 1 tokens ÷ a target step);\n"
             "round = a round's cost in plain steps; bound = τ/(γc+v).\n"
         )
+    phases = []  # --ttft: the first token and the decode phase after it, by mode
+    for t, b in keys:
+        timed = [
+            (name, by.get((t, b, m))) for name, m in (("plain", "plain"), ("the head", "eagle"), ("lookup", "lookup"))
+        ]
+        timed = [(name, r) for name, r in timed if r and r.get("decode_ratio") is not None]
+        if len(timed) > 1:
+            first = ", ".join(f"{name} {1e3 * r['ttft_s']:.0f} ms" for name, r in timed)
+            after = ", ".join(f"{name} {r['decode_ratio']:.2f}×" for name, r in timed if name != "plain")
+            where = f"At T = {t:g}, batch {b}: f" if len(keys) > 1 else "F"
+            phases.append(
+                f"{where}irst token {first} a call (the prompt's prefill; a speculative mode's first round too); "
+                f"the decode phase after it vs plain's: {after}."
+            )
+    phase = ("\n".join(textwrap.wrap(" ".join(phases), 116)) + "\n") if phases else ""
     intro = f"One run on a {machine()}, nothing else running, with the command above:\n\n"
-    return intro + "\n".join(out) + "\n" + costs
+    return intro + "\n".join(out) + "\n" + costs + phase
 
 
 def span(values: list[float], spec: str) -> str:

@@ -396,6 +396,20 @@ def test_humaneval_flags_and_head_modes(small_draft):
     assert got == dict(draft=TreeHead(0.6), tree=(6, 4, 10)) and tree_of("tree:6,4,10~0.6") == (6, 4, 10)
 
 
+def test_humaneval_ttft_splits_the_decode_phase_off():
+    """--ttft: the decode phase's tokens/s is the tokens after the first round's over the time left after the
+    1-token calls (a serving benchmark's time per output token), by hand; None without 1-token calls."""
+    from jaxspec.bench.__main__ import parse_args
+    from jaxspec.bench.humaneval import FIRST, decode_phase
+
+    assert parse_args(["--humaneval", "--ttft"]).ttft and not parse_args(["--humaneval"]).ttft
+    # 10 calls of 1 row, 64 tokens each in 30 s; their 1-token calls 6 s, whose first rounds made 25 tokens
+    t = dict(tokens=640, seconds=30.0, first_seconds=6.0, first_tokens=25, first_calls=10)
+    assert decode_phase(t) == pytest.approx(615 / 24)
+    assert decode_phase(dict(t, **FIRST)) is None  # no --ttft
+    assert decode_phase(dict(t, first_seconds=30.0)) is None  # nothing left to time
+
+
 def test_structured_workload_is_held_out_and_validity_is_checked_by_hand():
     """--structured: its functions come from held-out standard-library files only, and ``valid`` accepts a JSON
     object of the schema and refuses each way of missing it (key order, a non-identifier, a missing key, bad JSON)."""

@@ -70,9 +70,9 @@ def test_buckets_and_padded_inputs(target):
     assert [inputs.bucket_cache(n) for n in (1, 65, 2048, 2049)] == [64, 128, 2048, 3072]
     request = make_request(target, [[1, 2, 3], [4] * 9, [5]], max_new_tokens=[10, 60, 1], seed=3)
     shape = inputs.buckets(request)
-    # the prefill reads one chunk of 32 positions (a cache of 128: chunks of max(32, 128 // 8))
-    assert shape == inputs.Buckets(batch=4, cache_len=128, prompt_len=32)
-    assert inputs.prefill_positions(128, 33) == 64 and inputs.prefill_positions(1024, 129) == 256
+    # the prefill reads one chunk of 64 positions (a cache of 128: chunks of max(64, 128 // 8))
+    assert shape == inputs.Buckets(batch=4, cache_len=128, prompt_len=64)
+    assert inputs.prefill_positions(128, 65) == 128 and inputs.prefill_positions(1024, 129) == 256
     x = inputs.loop_inputs(request, shape)
     # prompts padded to the cache length: their lengths select no program
     assert x.prompt.shape == (4, 128) and np.asarray(x.prompt)[1, :9].tolist() == [4] * 9

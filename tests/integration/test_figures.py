@@ -53,6 +53,13 @@ def test_humaneval_table_from_a_bench_document():
     assert "| 0 | 1 | 32.0 | 0.519, 2.02, 1.75 | 1.15× (1.24) | 0.99× (plain ×164) | 0.422, 1.53 | 1.16× |" in body
     assert "| head γ = 3: α, τ, round |" in body  # the head's γ in the run
     assert "Head c 0.084 (" in body and "v 1.45 (" in body  # one figure where the span is one value
+    assert "irst token" not in body  # no --ttft in the run: no phase line
+    # --ttft: the first token and the decode phase after it, for the modes that have them (auto's calls have none)
+    for r, ttft, decode in ((rows[0], 0.58, 1.0), (rows[1], 0.64, 1.49), (rows[3], 0.61, 1.31)):
+        r.update(ttft_s=ttft, decode_ratio=decode)
+    body = " ".join(figures.humaneval_body({"rows": rows}).split())
+    assert "First token plain 580 ms, the head 640 ms, lookup 610 ms a call" in body
+    assert "the decode phase after it vs plain's: the head 1.49×, lookup 1.31×." in body
 
 
 def test_main_job_table_from_its_records():
