@@ -195,11 +195,11 @@ def test_chunked_prefill_writes_the_entries_of_one_pass(target, small_draft, dra
 
 def test_prompt_lengths_select_no_program(target):
     """Prompts are padded to the cache and read in chunks whose count is traced: calls whose prompts need one or
-    two chunks of a cache of 64 (chunks of 32) run one compiled program."""
-    kw = dict(max_new_tokens=3, max_length=64, temperature=0.0)
+    two chunks of a cache of 128 (chunks of 64) run one compiled program."""
+    kw = dict(max_new_tokens=3, max_length=128, temperature=0.0)
     jaxspec.generate(target, [[1, 2, 3]], **kw)
     before = jaxspec.loop.generate_program.compiles
     with count_compiles() as counts:
-        for n in (9, 33, 60):
-            assert len(jaxspec.generate(target, [list(range(n))], **kw).tokens[0]) >= 1
+        for n in (9, 65, 120):
+            assert len(jaxspec.generate(target, [[i % 90 for i in range(n)]], **kw).tokens[0]) >= 1
     assert counts["compiles"] == 0 and jaxspec.loop.generate_program.compiles == before

@@ -296,8 +296,8 @@ def test_round_costs_come_from_the_compiled_loop_and_are_reused(target, small_dr
         costs = policy.costs(target, small_draft, 2, 64)
         assert costs.prefill_tokens == 32 and costs.target_prefill > 0
         # both prefills timed over 32 prompt tokens, scaled to the positions the call's prefill reads: one chunk
-        # of 32 (a cache of 64)
-        big, small = costs.target_prefill * 32 / 32, costs.prefill * 32 / 32
+        # of 64 (a cache of 64)
+        big, small = costs.target_prefill * 64 / 32, costs.prefill * 64 / 32
         assert p["prefill"] == pytest.approx({"target": big, "draft": small})
         assert p["expected_speedup"][g] == pytest.approx((big + 20) / (big + small + 20 / tau * p["round_cost"][g]))
     plain = jaxspec.generate(target, prompts, max_new_tokens=20, temperature=0.0)
@@ -525,8 +525,8 @@ def test_target_prefill_is_extrapolated_then_taken_from_the_calls(target, small_
     assert per_token > 0
     third = jaxspec.generate(target, [[5, 6, 7]], **kw).stats.policy
     step_s = live.costs(target, small_draft, 1, 64).step_s
-    # the positions the prefill reads: one chunk of 32 (a cache of 64)
-    assert third["prefill"]["target"] == pytest.approx(per_token * 32 / step_s)
+    # the positions the prefill reads: one chunk of 64 (a cache of 64)
+    assert third["prefill"]["target"] == pytest.approx(per_token * 64 / step_s)
     assert first["prefill"]["target"] != third["prefill"]["target"]
 
 
