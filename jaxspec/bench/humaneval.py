@@ -361,7 +361,7 @@ def run(args) -> dict:
                     flush=True,
                 )
                 if decode is not None:
-                    vs = f", {decode / plain_decode:.2f}× plain's" if plain_decode else ""
+                    vs = f", {row['decode_ratio']:.2f}× plain's" if row["decode_ratio"] is not None else ""
                     print(
                         f"{'':>6}   first token {1e3 * row['ttft_s']:.0f} ms a call; after it {decode:.1f} tok/s{vs}",
                         flush=True,

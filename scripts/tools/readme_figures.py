@@ -119,9 +119,9 @@ def humaneval_body(doc: dict) -> str:
         if len(timed) > 1:
             first = ", ".join(f"{name} {1e3 * r['ttft_s']:.0f} ms" for name, r in timed)
             after = ", ".join(f"{name} {r['decode_ratio']:.2f}×" for name, r in timed if name != "plain")
-            where = f"At T = {t:g}, batch {b}: f" if len(keys) > 1 else "F"
+            lead = f"At T = {t:g}, batch {b}: first token" if len(keys) > 1 else "First token"
             phases.append(
-                f"{where}irst token {first} a call (the prompt's prefill; a speculative mode's first round too); "
+                f"{lead} {first} a call (the prompt's prefill; a speculative mode's first round too); "
                 f"the decode phase after it vs plain's: {after}."
             )
     phase = ("\n".join(textwrap.wrap(" ".join(phases), 116)) + "\n") if phases else ""
