@@ -64,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--learning-rate", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--loss", choices=LOSSES, default="fkl")
+    ap.add_argument(
+        "--loss",
+        choices=LOSSES,
+        default="fkl",
+        help="online distillation and EAGLE-3 heads: forward KL (cross-entropy), reverse KL or total variation",
+    )
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--on-policy", type=float, default=0.0)
     ap.add_argument(
@@ -232,6 +237,7 @@ def _run_eagle3(args, target, spec, init=None):
         steps_ahead=steps,
         vocab=spec.get("vocab"),
         aux_layers=spec.get("aux_layers"),
+        loss=args.loss,
         train_lm_head=None if "lm_head" not in spec else bool(spec["lm_head"]),
         init=init,
         steps=args.steps,
@@ -280,6 +286,10 @@ def _run_eagle(args, target, spec, init=None):
         return _run_eagle3(args, target, spec, init)
     if args.tree_temperature_scale == "auto":
         raise SystemExit("jaxspec distill: --tree-temperature-scale auto tunes EAGLE-3 heads; give this one a number")
+    if args.loss != "fkl":
+        raise SystemExit(
+            f"jaxspec distill: --loss {args.loss} trains EAGLE-3 heads; an EAGLE-1-style head trains by cross-entropy"
+        )
     name = Path(args.save_draft).name if args.save_draft else init.name if init else "eagle"
     held = read_data(args.heldout_data) if args.heldout_data else None  # a bad file fails before training
     before = agreement(target, init, held) if held and init is not None else None
@@ -327,6 +337,10 @@ def _run_eagle(args, target, spec, init=None):
 
 def _run_offline(args, target, draft, save):
     """``--data``: ``distill_offline`` on the stored outputs, α on ``--heldout`` if given, ``--save-draft`` in bf16."""
+    if args.loss != "fkl":
+        raise SystemExit(
+            f"jaxspec distill: --loss {args.loss} is online distillation's (--prompts); --data trains by cross-entropy"
+        )
     trained, log = distill_offline(
         draft,
         args.data,

@@ -15,7 +15,9 @@ Two stages, both resumable from ``out_dir``:
      (``ttt_logits``). Its attention sees what drafting shows it: step 1's keys (from real features) up to
      position ``i``, and its own chain's keys of steps 2..k. Loss: the cross-entropy of each step's draft
      distribution against the target's distribution at that position (its final-norm state through its LM head,
-     restricted to the draft vocabulary and renormalised), step ``k`` weighted ``STEP_DECAY ** (k-1)``. The
+     restricted to the draft vocabulary and renormalised), step ``k`` weighted ``STEP_DECAY ** (k-1)``; or, with
+     ``loss="tvd"`` (``"rkl"``), the total variation (reverse KL) between the two distributions at temperature 1:
+     one minus the total variation is a sampled draft's acceptance, what temperature-1 decoding gains from. The
      target's embedding stays frozen; the head's own LM head starts as the target's draft-vocabulary columns and
      is trained. AdamW (``training.make_optimizer``), orbax checkpoints every ``checkpoint_every`` steps.
 """
@@ -41,6 +43,7 @@ from jaxspec.drafters import eagle
 from jaxspec.models import eagle3, llama, quant
 from jaxspec.training.common import LOG_FILE, Checkpoints, append_jsonl, due, make_optimizer
 from jaxspec.training.eagle import batch_at, check_scales
+from jaxspec.training.losses import LOSSES, divergence
 from jaxspec.training.offline import choose_vocab, read_data
 
 STEP_DECAY = 0.8  # step k's loss weight is STEP_DECAY ** (k - 1): later steps matter less (fewer rounds reach them)
@@ -203,12 +206,14 @@ def ttt_logits(cfg: eagle3.Eagle3Config, params, tokens, feats, positions, steps
 
 
 @functools.cache
-def train_step_fn(cfg: eagle3.Eagle3Config, steps: int):
+def train_step_fn(cfg: eagle3.Eagle3Config, steps: int, loss: str = "fkl"):
     """Jitted ``(own, opt_state, shared, tokens, feats, top, positions, mask, schedule) -> (own, opt_state, loss,
-    agreement [steps])``: one optimizer step on the loss of the module docstring (``schedule = [learning_rate,
-    warmup, total steps]``; ``top [B, W+1]`` the target's top token after each position); ``agreement[k]``: the
-    share of step k+1's valid positions where the head's top draft is the target's top token (greedy acceptance,
-    teacher-forced)."""
+    agreement [steps])``: one optimizer step on the loss of the module docstring (``loss``: ``"fkl"`` the
+    cross-entropy, ``"tvd"`` or ``"rkl"``; ``schedule = [learning_rate, warmup, total steps]``; ``top [B, W+1]``
+    the target's top token after each position); ``agreement[k]``: the share of step k+1's valid positions where
+    the head's top draft is the target's top token (greedy acceptance, teacher-forced)."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}")
     n_aux = len(cfg.aux_layers)
     hidden = cfg.target_hidden
 
@@ -224,19 +229,21 @@ def train_step_fn(cfg: eagle3.Eagle3Config, steps: int):
         final = jnp.pad(feats[:, :, n_aux * hidden :], ((0, 0), (0, pad + 1), (0, 0)))
         top = jnp.pad(top, ((0, 0), (0, pad + 1)))
         logits = ttt_logits(cfg, params, tok, aux, positions[:, :width], steps)
-        # the target's distribution on the draft vocabulary at every index, once (each step reads it shifted)
-        target_p = jax.nn.softmax(
-            jnp.einsum("btd,dv->btv", final[:, 1 : width + steps], shared["head"], preferred_element_type=jnp.float32),
-            -1,
+        # the target's logits on the draft vocabulary at every index, once (each step reads them shifted)
+        target_logits = jax.lax.stop_gradient(
+            jnp.einsum("btd,dv->btv", final[:, 1 : width + steps], shared["head"], preferred_element_type=jnp.float32)
         )
+        target_p = jax.nn.softmax(target_logits, -1) if loss == "fkl" else None
         total, agree = jnp.float32(0.0), []
         for k in range(steps):
             # step k+1 at chain i predicts token i+k+2: the target's distribution at index i+k+1
-            p = target_p[:, k : k + width]
             m = msk[:, k + 1 : k + 1 + width] * msk[:, :width]
-            logq = jax.nn.log_softmax(logits[k], -1)
             count = jnp.maximum(jnp.sum(m), 1.0)
-            total = total + STEP_DECAY**k * jnp.sum(-jnp.sum(jax.lax.stop_gradient(p) * logq, -1) * m) / count
+            if target_p is not None:  # the cross-entropy (forward KL up to the target's entropy)
+                per_position = -jnp.sum(target_p[:, k : k + width] * jax.nn.log_softmax(logits[k], -1), -1)
+            else:
+                per_position = divergence(loss, target_logits[:, k : k + width], logits[k], 1.0)
+            total = total + STEP_DECAY**k * jnp.sum(per_position * m) / count
             agree.append(jnp.sum((ids[jnp.argmax(logits[k], -1)] == top[:, k + 1 : k + 1 + width]) * m) / count)
         return total, jnp.stack(agree)
 
@@ -272,6 +279,7 @@ def train_head(
     name: str | None = None,
     stop_at: int | None = None,
     train_lm_head: bool | None = None,
+    loss: str = "fkl",
 ) -> tuple[eagle.EagleDrafter, list]:
     """Train a new EAGLE-3 head for ``target`` on ``data`` (a JSONL path or ``read_data``'s list) with
     ``steps_ahead`` steps of training-time test, over a draft vocabulary of the ``vocab`` ids most frequent in it
@@ -280,7 +288,8 @@ def train_head(
     or ``aux_layers``); resumes from ``out_dir``. ``stop_at``: stop after that step (a checkpoint is written
     there), as a kill would, with the schedule of ``steps``: a later call goes on to ``steps``.
     ``train_lm_head=False``: the head's LM head stays the target's at the draft vocabulary's columns (not trained,
-    not stored: ``shared_lm_head``); default True for a new head, ``init``'s choice when going on. Returns the
+    not stored: ``shared_lm_head``); default True for a new head, ``init``'s choice when going on. ``loss``:
+    ``"fkl"`` (the cross-entropy against the target's distribution), ``"tvd"`` or ``"rkl"``. Returns the
     ``EagleDrafter`` and this call's log records (also appended to ``out_dir/distill_log.jsonl``, with each step's
     teacher-forced top-1 agreement)."""
     if quant.format_of(target.params) is not None:
@@ -306,6 +315,8 @@ def train_head(
             raise ValueError(f"{key} must be an int >= 1, got {value!r}")
     if not learning_rate > 0:
         raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}")
     if any(t < 0 or t >= target.vocab_size for p, o in records for t in p + o):
         raise ValueError(f"data has token ids outside the target's vocabulary [0, {target.vocab_size})")
     if init is not None:
@@ -329,7 +340,7 @@ def train_head(
     out_dir = Path(out_dir).resolve()
     feats, argmax, offsets = extract_features(target, records, cfg.aux_layers, out_dir, progress=progress)
     argmax_column = argmax[:, None]
-    step_fn = train_step_fn(cfg, steps_ahead)
+    step_fn = train_step_fn(cfg, steps_ahead, loss)
     shared = {
         "embed": target.params["embed"]["embedding"],
         "head": eagle3.target_head_columns(cfg, target.config, target.params),
@@ -362,7 +373,7 @@ def train_head(
             bar.update(1)
             if due(done, log_every, steps):
                 record: dict[str, Any] = {"step": done, "loss": float(last), "tok_s": seen / (time.perf_counter() - t0)}
-                record["loss_kind"] = "eagle3"
+                record["loss_kind"] = "eagle3" if loss == "fkl" else f"eagle3-{loss}"
                 record["agreement"] = [round(float(a), 4) for a in agree]
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 log.append(record)

@@ -178,6 +178,62 @@ def test_training_time_test_computes_what_drafting_computes(target, head):
     assert np.abs(np.asarray(naive[:, 1:]) - got[1, :, 1:]).max() > 1e-2
 
 
+def test_total_variation_loss_is_the_chains_rejection_and_training_lowers_it(target, head):
+    """``loss="tvd"``: the step's loss is Σ_k 0.8^(k-1) × the mean over valid chains of ½Σ|p − q| between the
+    target's distribution at the token step k predicts (its final-norm state through the draft vocabulary's LM
+    head columns) and the head's draft distribution there (one minus a sampled draft's acceptance), written out
+    here chain by chain; the cross-entropy of the default loss is another number (the control); one optimizer step
+    on it lowers it on the same batch."""
+    from jaxspec.training import eagle3 as train3
+    from jaxspec.training.common import make_optimizer
+
+    cfg, hidden, n_aux, steps = head.config, target.config.hidden_size, len(head.config.aux_layers), 3
+    rng = np.random.default_rng(7)
+    batch, width = 2, 10
+    tokens = jnp.asarray(rng.integers(2, 96, size=(batch, width + 1)), jnp.int32)
+    feats = jnp.asarray(rng.normal(size=(batch, width + 1, (n_aux + 1) * hidden)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(width + 1, dtype=jnp.int32), (batch, width + 1))
+    mask = np.ones((batch, width + 1), np.float32)
+    mask[1, 7:] = 0  # the second row ends early
+    top = jnp.zeros((batch, width + 1), jnp.int32)
+    shared = {
+        "embed": target.params["embed"]["embedding"],
+        "head": eagle3.target_head_columns(cfg, target.config, target.params),
+    }
+    own = {k: head.params[k] for k in eagle3.OWN}
+    schedule = jnp.asarray([1e-4, 0, 10], jnp.float32)
+    args = (shared, tokens, feats, top, positions, jnp.asarray(mask), schedule)
+
+    step = train3.train_step_fn(cfg, steps, "tvd")
+    new_own, _, loss, _ = step(own, make_optimizer(*schedule).init(own), *args)
+    params = {"lm_head": shared["head"], **own, "embed": shared["embed"]}
+    tok = jnp.pad(tokens[:, 1:], ((0, 0), (0, steps)))
+    q = np.asarray(
+        jax.nn.softmax(
+            train3.ttt_logits(cfg, params, tok, feats[:, :width, : n_aux * hidden], positions[:, :width], steps), -1
+        )
+    )
+    final = np.asarray(feats[:, :, n_aux * hidden :]) @ np.asarray(shared["head"])
+    p = np.exp(final - final.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = 0.0
+    for k in range(steps):  # step k+1 of chain i predicts token i+k+2, the target's distribution at index i+k+1
+        tv, count = 0.0, 0
+        for b in range(batch):
+            for i in range(width):
+                if i + k + 1 <= width and mask[b, i] and mask[b, i + k + 1]:
+                    tv += 0.5 * np.abs(p[b, i + k + 1] - q[k, b, i]).sum()
+                    count += 1
+        want += 0.8**k * tv / count
+    np.testing.assert_allclose(float(loss), want, rtol=1e-4)
+    _, _, ce, _ = train3.train_step_fn(cfg, steps, "fkl")(own, make_optimizer(*schedule).init(own), *args)
+    assert abs(float(ce) - want) > 0.1
+    _, _, after, _ = step(new_own, make_optimizer(*schedule).init(new_own), *args)
+    assert float(after) < float(loss)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        train3.train_step_fn(cfg, steps, "kl")
+
+
 def test_training_raises_agreement_and_resumes(tmp_path, target):
     """A few hundred steps on the target's own greedy continuations raise every step's teacher-forced agreement
     above the untrained head's; a run killed at step 40 and resumed ends with the parameters of one unbroken run."""
@@ -279,6 +335,17 @@ def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, targ
     for spec in ("eagle3=2,layers=2", "eagle3=2,aux=1:1", "eagle=1,aux=1:2"):  # other sizes, repeated or misplaced taps
         with pytest.raises(SystemExit):
             main(["--target", str(tmp_path / "target"), "--new-draft", spec, "--data", "d", "--out", "o"])
+    # --loss tvd trains an EAGLE-3 head on the total variation (its log says so); an EAGLE-1-style head refuses it
+    main([*flags, "--out", str(tmp_path / "tvd"), "--loss", "tvd"])  # the later --out counts
+    log = (tmp_path / "tvd" / "distill_log.jsonl").read_text().splitlines()
+    kinds = {json.loads(line)["loss_kind"] for line in log}
+    assert kinds == {"eagle3-tvd"}
+    eagle1 = ["--new-draft", "eagle=1", "--data", str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "e1")]
+    with pytest.raises(SystemExit, match="--loss tvd trains EAGLE-3 heads"):
+        main(["--target", str(tmp_path / "target"), *eagle1, "--loss", "tvd", "--no-progress"])
+    offline = ["--new-draft", "target_layers=1", "--data", str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "d")]
+    with pytest.raises(SystemExit, match="--data trains by cross-entropy"):  # a draft model's offline distillation
+        main(["--target", str(tmp_path / "target"), *offline, "--loss", "rkl", "--no-progress"])
 
 
 def test_a_killed_feature_pass_goes_on_from_its_last_flush(tmp_path, target, monkeypatch):
