@@ -427,33 +427,34 @@ def test_position_counts_from_histogram():
     assert position_counts([4]) == ([], [])  # γ = 0: no draft position
 
 
-def test_step_timing_never_counts_the_warm_up_calls():
+def test_step_timing_never_counts_the_warm_up_calls(monkeypatch):
     """A fresh executable's first call pays one-time costs (timing it made SmolLM2's plain step look 4x slower),
     and the next few run slower than later ones (timing them made v read 1.15-1.37 where it is 1.9): the first is
-    skipped, the settling calls run untimed for WARM_S, and a long call is timed fewer times."""
-    import time as clock
+    skipped, the settling calls run untimed for WARM_S, and a long call is timed fewer times. The calls take
+    their time on a virtual clock, so a loaded machine (whose sleeps overshoot) cannot move the figures."""
+    import types
 
     from jaxspec.policy import timing
     from jaxspec.policy.timing import _timed_calls
 
+    now = [0.0]
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     calls = []
 
     def call():  # 0.3 s, then settling from 18 ms down to a steady 10 ms over ten calls
         calls.append(None)
         n = len(calls)
-        clock.sleep(0.3 if n == 1 else 0.01 + max(0, 10 - n) * 0.001)
+        now[0] += 0.3 if n == 1 else 0.01 + max(0, 10 - n) * 0.001
 
-    # settling calls ran untimed (8 on an idle machine; fewer when a loaded machine stretches the sleeps)
-    assert _timed_calls(call, iters=3, skip=1, budget_s=0.25) < 0.0115 and 5 <= len(calls) - 3 <= 21
+    # one skipped call, seven settling calls (18 .. 12 ms: 0.105 s >= WARM_S), then three timed at 11, 10, 10 ms
+    assert _timed_calls(call, iters=3, skip=1, budget_s=0.25) == pytest.approx(0.010) and len(calls) == 11
     calls.clear()
-    slow = lambda: (calls.append(None), clock.sleep(0.15))  # noqa: E731
-    assert _timed_calls(slow, iters=3, skip=1, budget_s=0.25) >= 0.15 and len(calls) == 4  # 1 warm, 2 timed
+    slow = lambda: (calls.append(None), now.__setitem__(0, now[0] + 0.15))  # noqa: E731
+    # one skipped, one settling call (0.15 s >= WARM_S), two timed (their 0.3 s exceed the budget)
+    assert _timed_calls(slow, iters=3, skip=1, budget_s=0.25) == pytest.approx(0.15) and len(calls) == 4
     calls.clear()
-    saved, timing.WARM_S = timing.WARM_S, 0.0  # negative control: without the settling calls the timing is high
-    try:
-        assert _timed_calls(call, iters=3, skip=1, budget_s=0.25) > 0.0155
-    finally:
-        timing.WARM_S = saved
+    monkeypatch.setattr(timing, "WARM_S", 0.0)  # negative control: without the settling calls the timing is high
+    assert _timed_calls(call, iters=3, skip=1, budget_s=0.25) == pytest.approx(0.016) and len(calls) == 5
 
 
 def test_prefills_are_timed_without_logits(target):
