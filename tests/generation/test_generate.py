@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import VOCAB, count_compiles, resized
+from helpers import VOCAB, count_compiles, resized, start_with_room
 
 import jaxspec
 
@@ -242,10 +242,7 @@ def test_per_row_sampling_in_one_call(target, perturbed_draft, mixed_prompts, sp
     prompts, and calls that differ only in per-row values (same shapes) reuse one compiled loop. (The shapes of
     test_loop's greedy-equality calls, so the suite compiles these loops once.)"""
     n = len(mixed_prompts)
-    if jaxspec.loop.executables.map_pressure() > jaxspec.loop.executables.LOW:
-        # a worker near its memory-map limit would clear jax's caches while `mixed` compiles (make_room), and the
-        # calls below would then trace again: start with room instead
-        jaxspec.loop.executables.release_all()
+    start_with_room()  # else a worker near its memory-map limit could release `mixed`'s loop before the calls below
     kw = dict(
         draft=perturbed_draft if speculative else None,
         gamma=3,

@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import count_compiles
 
 import jaxspec
 from jaxspec import loop
@@ -69,6 +70,27 @@ def test_map_pressure_releases_down_to_low_and_not_below_high(isolated, monkeypa
     monkeypatch.setattr(executables, "map_pressure", lambda: 0.0)
     assert program(Spec(5), jnp.ones(2))[1] == 0.0 and program(Spec(3), jnp.ones(2))[1] == 0.0
     assert program(Spec(0), jnp.ones(2))[1] > 0
+
+
+def test_counting_compiles_holds_the_pressure_release_off_until_near_the_limit(isolated, monkeypatch):
+    """A test that counts compiles sees its own programs compiled once, however many maps its worker holds (past
+    HIGH, make_room would release them and they would compile again: CI's once-flaky engine recompilation test)."""
+    program = loop.Program(_double)
+    for k in range(3):
+        program(Spec(k), jnp.ones(2))
+    monkeypatch.setattr(executables, "map_pressure", lambda: 0.6)  # past HIGH, under COUNTING_HIGH
+    with count_compiles() as counts:
+        executables.make_room()
+        assert executables.kept() == 3 and program(Spec(0), jnp.ones(2))[1] == 0.0
+    assert counts["compiles"] == 0 and executables.HIGH == 0.5  # put back after the block
+    readings = iter([0.6, 0.6, 0.25, 0.25])  # control: outside the block the same reading releases (one, here)
+    monkeypatch.setattr(executables, "map_pressure", lambda: next(readings))
+    executables.make_room()
+    assert executables.kept() == 2
+    readings = iter([0.95, 0.95, 0.25, 0.25])  # inside, near the limit, it still releases rather than crash
+    with count_compiles():
+        executables.make_room()
+    assert executables.kept() == 1
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="memory maps are read from Linux's /proc")
