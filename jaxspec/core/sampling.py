@@ -9,11 +9,11 @@ Rule, per row (applied in this order):
     then reduces exactly to greedy verification (accept while the draft equals the target's argmax);
   * otherwise, on ``logits / temperature``:
       - top-k (k > 0): keep every token whose logit is >= the k-th largest logit (ties at the boundary are kept);
-      - top-p (p < 1): on the top-k-filtered distribution, sort descending and keep the smallest prefix whose
+      - top-p (p < 1): on the top-k-filtered distribution, sorted descending, keep the smallest prefix whose
         mass reaches p (a token is kept if the mass strictly before it is < p); ties with the last kept logit
         are kept too;
     then the softmax. A row with neither filter on (k <= 0 and p >= 1) gets the plain softmax of
-    ``logits / temperature``; the sort-based filter runs only when some row of the call turns a filter on.
+    ``logits / temperature``; the filter runs only when some row of the call turns it on.
 """
 
 from __future__ import annotations
@@ -88,19 +88,47 @@ def _check_shapes(params: SamplingParams, logits_shape: tuple) -> None:
         )
 
 
+_ITERATIONS = 32  # bisection steps over float32's 2**32 ordered keys: the exact threshold
+
+
+def _keys(x: jax.Array) -> jax.Array:
+    """uint32 keys ordered as the float32 values ``x`` are (-0.0 and +0.0 one key; NaNs at the ends)."""
+    bits = jax.lax.bitcast_convert_type(jnp.where(x == 0, 0.0, x), jnp.uint32)  # -0.0 becomes +0.0
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _bisect(holds, shape: tuple) -> jax.Array:
+    """The largest key ``t`` with ``holds(t)``, for a ``holds`` true at key 0 and false from some key on (one per
+    row: ``shape``), in ``_ITERATIONS`` halvings of ``[0, 2**32)``."""
+
+    def step(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        ok = holds(mid)
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    start = (jnp.zeros(shape, jnp.uint32), jnp.full(shape, 0xFFFFFFFF, jnp.uint32))
+    return jax.lax.fori_loop(0, _ITERATIONS, step, start)[0]
+
+
 def _filter(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Top-k then top-p on ``scaled [..., V]``; ``top_k`` / ``top_p`` broadcast against it (last axis 1)."""
+    """Top-k then top-p on ``scaled [..., V]``; ``top_k`` / ``top_p`` broadcast against it (last axis 1).
+
+    No sort (on XLA:CPU, sorting a 49k vocabulary at every position of a verify cost more than the target's pass): both
+    thresholds are found by bisection over the values' order-preserving integer keys, each step one masked count or
+    sum over the vocabulary. The k-th largest logit is the largest key that at least k logits reach. The top-p
+    threshold is the smallest key whose strictly larger logits hold mass < p: in the module's sorted-order rule,
+    the last token whose mass strictly before it is < p."""
     vocab = scaled.shape[-1]
-    desc = -jnp.sort(-scaled, axis=-1)
+    keys = _keys(scaled)
+    rows = scaled.shape[:-1] + (1,)
     k = jnp.clip(jnp.where(top_k > 0, top_k, vocab), 1, vocab)
-    kth = jnp.take_along_axis(desc, jnp.broadcast_to(k - 1, desc.shape[:-1] + (1,)), axis=-1)
-    desc_k = jnp.where(desc >= kth, desc, NEG_INF)
-    probs_desc = jax.nn.softmax(desc_k, axis=-1)
-    mass_before = jnp.cumsum(probs_desc, axis=-1) - probs_desc
-    n_keep = jnp.maximum(jnp.sum(mass_before < top_p, axis=-1, keepdims=True), 1)
-    pth = jnp.take_along_axis(desc_k, n_keep - 1, axis=-1)
-    threshold = jnp.maximum(kth, pth)
-    return jnp.where(scaled >= threshold, scaled, NEG_INF)
+    kth = _bisect(lambda t: jnp.sum(keys >= t, axis=-1, keepdims=True) >= k, rows)
+    probs = jax.nn.softmax(jnp.where(keys >= kth, scaled, NEG_INF), axis=-1)
+    # the last key whose larger logits hold mass >= p (the mass at key 0 is the whole); the threshold is the next
+    above = _bisect(lambda t: jnp.sum(jnp.where(keys > t, probs, 0.0), axis=-1, keepdims=True) >= top_p, rows)
+    pth = jnp.where(top_p < 1.0, above + 1, 0)  # p >= 1: off, whatever the rounding of the mass
+    return jnp.where(keys >= jnp.maximum(kth, pth), scaled, NEG_INF)
 
 
 def warp(logits: jax.Array, params: SamplingParams) -> jax.Array:
@@ -108,7 +136,7 @@ def warp(logits: jax.Array, params: SamplingParams) -> jax.Array:
     rule. Each field of ``params`` is a scalar or ``[B]`` (row b's value applies to ``logits[b]``, whatever the
     middle axes, e.g. ``[B, V]`` or ``[B, γ+1, V]``); with scalars only, ``logits`` may have any shape ``[..., V]``.
 
-    The sort-based filter runs (``lax.cond``) only when some row has top-k or top-p on; the other rows take the
+    The filter (``_filter``) runs (``lax.cond``) only when some row has top-k or top-p on; the other rows take the
     plain softmax, selected per row. Raises ``ValueError`` (at trace time) for a field of another shape.
     """
     logits = logits.astype(jnp.float32)

@@ -158,6 +158,29 @@ def test_scalar_params_give_the_old_values(shape):
         np.testing.assert_array_equal(_bits(_warp(logits, params)), _bits(old(logits, params)), err_msg=str(setting))
 
 
+@pytest.mark.parametrize("vocab", [5, 1000, 49152])
+def test_the_filter_without_a_sort_keeps_what_the_sorted_rule_keeps(vocab):
+    """warp finds its top-k and top-p thresholds by bisection, not by sorting the vocabulary: the same probabilities,
+    bit for bit, as the sort-based rule (``_warp_before_per_row``), on Gaussian logits, small integers (ties at the
+    thresholds), a third of the vocabulary at -inf, and signed zeros (-0.0 ties +0.0), at SmolLM2's vocabulary."""
+    rng = np.random.default_rng(vocab)
+    old = jax.jit(_warp_before_per_row)
+    for kind in ("gaussian", "ties", "masked", "zeros"):
+        x = rng.normal(0.0, 2.0, size=(3, vocab)).astype(np.float32)
+        if kind == "ties":
+            x = np.round(x)
+        elif kind == "masked":
+            x[:, : vocab // 3] = -np.inf
+        elif kind == "zeros":
+            x = np.round(x * 0.3)  # many -0.0 and +0.0
+            assert np.signbit(x[x == 0]).any() and not np.signbit(x[x == 0]).all()
+        for setting in [(1.0, 3, None), (0.8, None, 0.05), (1.0, None, 0.3), (1.3, None, 0.9), (0.7, vocab // 2, 0.5)]:
+            params = SamplingParams.create(*setting)
+            got, want = _warp(jnp.asarray(x), params), old(jnp.asarray(x), params)
+            np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"{kind} {setting}")
+            assert np.all(np.asarray(got > 0).sum(-1) >= 1)
+
+
 def test_create_shapes_and_bad_shapes():
     one = SamplingParams.create(0.5, 4, None)
     assert [x.shape for x in (one.temperature, one.top_k, one.top_p)] == [(), (), ()]
