@@ -32,7 +32,7 @@ os.environ["JAXSPEC_COMPILATION_CACHE"] = "off"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from helpers import SMALL_DRAFT, VOCAB, tiny_config  # noqa: E402,F401  (tests import VOCAB/tiny_config from here)
+from helpers import HELD_HIGH, RELEASE_HIGH, SMALL_DRAFT, VOCAB, tiny_config  # noqa: E402,F401  (tests import VOCAB/tiny_config from here)
 
 from jaxspec.loop import executables  # noqa: E402
 from jaxspec.models import llama  # noqa: E402
@@ -110,13 +110,20 @@ LONGEST = (  # test files, longest first (pytest --durations on the 2-core machi
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def _bounded_memory_maps():
-    """After each module, what every Program does before it compiles: under memory-map pressure, release compiled
+    """Before each test, what every Program does before it compiles: under memory-map pressure, release compiled
     programs (jaxspec.loop.executables). A worker compiles hundreds of programs, many through plain jax.jit, and on
-    XLA:CPU each maps its kernels: past Linux's 65 530 maps per process, XLA's compiler crashes the worker."""
-    yield
+    XLA:CPU each maps its kernels: past Linux's 65 530 maps per process, XLA's compiler crashes the worker.
+
+    Within the test, a release waits until ``HELD_HIGH`` of the limit (near the crash it still acts). A release
+    also clears jax's caches, so one that a worker's history brought on halfway through a test would compile again
+    what the test compiled before it: tests that compile, then count what a later call compiles
+    (``helpers.count_compiles``), failed that way in CI."""
     executables.make_room()
+    executables.HIGH = HELD_HIGH
+    yield
+    executables.HIGH = RELEASE_HIGH
 
 
 @pytest.fixture(scope="session")

@@ -28,19 +28,15 @@ _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
 
 
-# Inside count_compiles, compiled programs are released for memory-map pressure only past this fraction of the
-# limit (jaxspec.loop.executables.HIGH elsewhere): near the crash, never in a test's ordinary run.
-COUNTING_HIGH = 0.9
+# Releases of compiled programs for memory-map pressure (jaxspec.loop.executables.make_room): the library's threshold
+# acts between tests; within a test a release waits until HELD_HIGH of the limit (tests/conftest.py says why).
+RELEASE_HIGH = executables.HIGH
+HELD_HIGH = 0.9
 
 
 @contextlib.contextmanager
 def count_compiles():
-    """Counts backend compilations and traces inside the block: ``with count_compiles() as c: ...; c["compiles"]``.
-
-    A pytest worker that has compiled hundreds of programs can sit past half its memory-map limit, where every
-    compile first releases kept executables and clears jax's caches (``executables.make_room``): the block's own
-    programs would then compile again, by the worker's history rather than by what the test checks. So inside the
-    block that release waits until ``COUNTING_HIGH`` of the limit."""
+    """Counts backend compilations and traces inside the block: ``with count_compiles() as c: ...; c["compiles"]``."""
     counts = {"compiles": 0, "traces": 0}
 
     def listener(name, duration, **kwargs):
@@ -49,22 +45,11 @@ def count_compiles():
         elif name == _TRACE:
             counts["traces"] += 1
 
-    high = executables.HIGH
-    executables.HIGH = max(high, COUNTING_HIGH)
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         yield counts
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
-        executables.HIGH = high
-
-
-def start_with_room():
-    """For a test that compiles programs before a ``count_compiles`` block and counts their reuse inside it: past
-    ``LOW`` of the memory-map limit, release every kept program and jax's caches now, so that no release for
-    pressure (``executables.make_room``) drops them in between."""
-    if executables.map_pressure() > executables.LOW:
-        executables.release_all()
 
 
 def tiny_hf_tokenizer(text: str = "def f(x): return x + 1\n", vocab_size: int = 64):
