@@ -1,4 +1,4 @@
-"""Every example in the README and the documentation site runs as written.
+"""Every example in the README and the documentation site runs as written, and so does the quickstart notebook.
 
 Python blocks: each page's blocks run in order in one namespace (later blocks use what earlier ones defined), in a
 scratch working directory, on the real model the examples name (SmolLM2-135M-Instruct and its shipped head). A
@@ -111,6 +111,24 @@ def test_the_block_reader_and_the_output_check(tmp_path):  # negative control: t
     assert _reads("x = x + 1\nimport a\ny = a.f(z)\nfor i in y: n += i\ndef g(): return w\n") == {"x", "z", "n", "w"}
 
 
+def test_the_notebook_runner_runs_cells_in_order_and_could_fail(tmp_path, monkeypatch):
+    import nbformat
+
+    def notebook(*cells):
+        path = tmp_path / "n.ipynb"
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), path)
+        return path
+
+    _run_notebook(notebook("x = 'α'", "print('backend', x)"), monkeypatch)  # the second cell reads the first's x
+    for cells, error in (
+        (["print('backend')"], AssertionError),  # no α reported
+        (["print('backend α')", "%time 1"], AssertionError),  # IPython syntax
+        (["print('backend α')", "1 / 0"], ZeroDivisionError),
+    ):
+        with pytest.raises(error):
+            _run_notebook(notebook(*cells), monkeypatch)
+
+
 def _python_pages() -> list[Path]:
     return [p for p in PAGES if any(b.lang == "python" for b in blocks(p))]
 
@@ -221,6 +239,37 @@ def run_all_pages(work: Path) -> None:
             directory.mkdir()
             monkeypatch.chdir(directory)  # examples that write files write them here
             _run_page(page, monkeypatch, ran)
+        for notebook in NOTEBOOKS:
+            directory = work / notebook.stem
+            directory.mkdir()
+            monkeypatch.chdir(directory)
+            _run_notebook(notebook, monkeypatch)
+
+
+# Notebooks on the real model run here too, after the pages, whose loads and compiled programs they share (in a
+# Jupyter kernel of their own they took 36 s of the suite): their code cells in order, in one namespace, as the
+# kernel runs them. acceptance.ipynb (the toy pair) runs in a kernel: tests/integration/test_notebooks.py.
+NOTEBOOKS = [ROOT / "notebooks" / "quickstart.ipynb"]
+
+
+def _run_notebook(path: Path, monkeypatch) -> None:
+    """Run the code cells of the notebook at ``path`` in order in one namespace (valid nbformat, no IPython magics
+    or shell escapes); what they print must name the backend and report α."""
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    module = types.ModuleType("__notebook__")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    out = io.StringIO()
+    for n, cell in enumerate(c for c in notebook.cells if c.cell_type == "code"):
+        lines = [line.strip() for line in cell.source.splitlines()]
+        assert not any(line[:1] in ("%", "!") for line in lines), f"{path.name} cell {n}: IPython syntax"
+        code = compile(cell.source, f"{path.name}:cell{n}", "exec", dont_inherit=True)
+        with contextlib.redirect_stdout(out):
+            exec(code, module.__dict__)  # noqa: S102
+    printed = out.getvalue()
+    assert "α" in printed and "backend" in printed, printed[-3000:]
 
 
 @pytest.mark.real
