@@ -26,15 +26,19 @@ def _double(spec, x):
 
 
 @pytest.fixture
-def isolated(monkeypatch):
-    """An empty process-wide order for the test (the suite's own executables are put back afterwards), and the
-    library's release threshold (tests/conftest.py raises it within every other test)."""
-    monkeypatch.setattr(executables, "HIGH", RELEASE_HIGH)
+def own_order():
+    """An empty process-wide order for the test (the suite's own executables are put back afterwards)."""
     saved = executables._ORDER.copy()
     executables._ORDER.clear()
     yield
     executables._ORDER.clear()
     executables._ORDER.update(saved)
+
+
+@pytest.fixture
+def isolated(own_order, monkeypatch):
+    """``own_order``, and the library's release threshold (tests/conftest.py raises it within every other test)."""
+    monkeypatch.setattr(executables, "HIGH", RELEASE_HIGH)
 
 
 def test_count_bound_releases_the_least_recently_used_across_programs(isolated, monkeypatch):
@@ -74,33 +78,27 @@ def test_map_pressure_releases_down_to_low_and_not_below_high(isolated, monkeypa
     assert program(Spec(0), jnp.ones(2))[1] > 0
 
 
-def test_within_a_test_the_pressure_release_waits_until_near_the_limit(monkeypatch):
+def test_within_a_test_the_pressure_release_waits_until_near_the_limit(own_order, monkeypatch):
     """The suite's own setting (tests/conftest.py): within a test, a worker past HIGH releases nothing, so a test
     that counts compiles sees its programs compiled once (CI's once-flaky recompilation tests); near the limit it
     still releases rather than crash; between tests the library's threshold acts."""
-    saved = executables._ORDER.copy()
-    executables._ORDER.clear()
-    try:
-        program = loop.Program(_double)
-        for k in range(3):
-            program(Spec(k), jnp.ones(2))
-        monkeypatch.setattr(executables, "map_pressure", lambda: 0.6)  # past RELEASE_HIGH, under HELD_HIGH
-        assert executables.HIGH == HELD_HIGH > 0.6 > RELEASE_HIGH
-        with count_compiles() as counts:
-            executables.make_room()
-            assert executables.kept() == 3 and program(Spec(0), jnp.ones(2))[1] == 0.0
-        assert counts["compiles"] == 0
-        readings = iter([0.95, 0.95, 0.25, 0.25])  # near the limit: released down to LOW (one, here)
-        monkeypatch.setattr(executables, "map_pressure", lambda: next(readings))
+    program = loop.Program(_double)
+    for k in range(3):
+        program(Spec(k), jnp.ones(2))
+    monkeypatch.setattr(executables, "map_pressure", lambda: 0.6)  # past RELEASE_HIGH, under HELD_HIGH
+    assert executables.HIGH == HELD_HIGH > 0.6 > RELEASE_HIGH
+    with count_compiles() as counts:
         executables.make_room()
-        assert executables.kept() == 2
-        monkeypatch.setattr(executables, "HIGH", RELEASE_HIGH)  # control: as between tests, 0.6 releases
-        readings = iter([0.6, 0.6, 0.25, 0.25])
-        executables.make_room()
-        assert executables.kept() == 1
-    finally:
-        executables._ORDER.clear()
-        executables._ORDER.update(saved)
+        assert executables.kept() == 3 and program(Spec(0), jnp.ones(2))[1] == 0.0
+    assert counts["compiles"] == 0
+    readings = iter([0.95, 0.95, 0.25, 0.25])  # near the limit: released down to LOW (one, here)
+    monkeypatch.setattr(executables, "map_pressure", lambda: next(readings))
+    executables.make_room()
+    assert executables.kept() == 2
+    monkeypatch.setattr(executables, "HIGH", RELEASE_HIGH)  # control: as between tests, 0.6 releases
+    readings = iter([0.6, 0.6, 0.25, 0.25])
+    executables.make_room()
+    assert executables.kept() == 1
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="memory maps are read from Linux's /proc")
