@@ -175,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="--humaneval: the EAGLE head's temperature scale (default its saved one); several: one eagle~S mode each",
     )
     p.add_argument(
+        "--acceptance",
+        type=lambda s: s.split(","),
+        metavar="RULE[,RULE]",
+        help="--humaneval: the chains' acceptance rule, token (token by token) or block (block verification, the "
+        "default); several: each chain mode once per rule, as MODE/RULE",
+    )
+    p.add_argument(
         "--tree-scale",
         type=lambda s: [float(x) for x in s.split(",")],
         metavar="S[,S...]",
@@ -332,6 +339,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
     if args.gamma < 1 or any(g is not None and min(g) < 1 for g in (args.eagle_gamma, args.eagle3_gamma)):
         p.error("--gamma, --eagle-gamma and --eagle3-gamma must be >= 1")
+    if args.acceptance is not None and (not args.acceptance or set(args.acceptance) - {"token", "block"}):
+        p.error(f"--acceptance: each rule must be token or block, got {','.join(args.acceptance)}")
     if args.tree_scale is not None and not all(0 < s < float("inf") for s in args.tree_scale):
         p.error(f"--tree-scale: each scale must be a finite number > 0, got {args.tree_scale}")
     if args.eagle_scale is not None:

@@ -10,7 +10,9 @@ round verified), the EAGLE head (``eagle``, at ``--eagle-gamma``, default γ) an
 γ for rows where it matches, the head at its γ for the others); ``--eagle-scale`` sets the head's temperature scale
 (several: one ``eagle~S`` mode each, at one γ); ``--trees`` adds the head drafting trees (``tree:D,B,W``, one
 per shape: depth, branch, width; with ``--tree-scale`` one ``tree:D,B,W~S`` per shape and tree temperature scale)
-and ``--draft-trees`` the draft model drafting them (``draft-tree:D,B,W``). A
+and ``--draft-trees`` the draft model drafting them (``draft-tree:D,B,W``). ``--acceptance`` picks the chains'
+acceptance rule (``token``: token by token; ``block``: block verification, the default); several: each chain mode
+once per rule (``MODE/RULE``, interleaved like the others; plain, the auto modes and the trees keep the default). A
 warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included).
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
@@ -41,6 +43,7 @@ import jax
 import jaxspec
 from jaxspec.bench import measure
 from jaxspec.bench.bounds import bound_cpu
+from jaxspec.core.acceptance import BlockVerifier, RejectionSampler
 from jaxspec.drafters import eagle
 from jaxspec.formats import named
 from jaxspec.formats.jsonl import read_jsonl
@@ -54,6 +57,7 @@ DEFAULT_MODES = ("plain", "fixed", "auto", "lookup", "eagle")
 MODES = (*DEFAULT_MODES, "eagle-auto", "lookup+eagle", "lookup-all")  # the last three only when asked
 HEAD_MODES = ("eagle", "eagle-auto", "lookup+eagle")
 AUTO_MODES = ("auto", "eagle-auto")
+ACCEPTANCE = {"token": RejectionSampler(), "block": BlockVerifier()}  # --acceptance's rules
 
 
 def load_problems(limit: int | None = None) -> list[dict]:
@@ -112,6 +116,9 @@ def tree_of(mode: str) -> tuple[int, int, int]:
 
 
 def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None, head3=None) -> dict:
+    if "/" in mode:  # MODE/RULE: the mode with that acceptance rule
+        base, rule = mode.rsplit("/", 1)
+        return dict(_kwargs(base, draft, gamma, policies, head, head_gamma, head3), acceptance=ACCEPTANCE[rule])
     if mode.startswith("tree:") and "~" in mode:  # the head's tree at another tree temperature scale
         return dict(
             draft=dataclasses.replace(head, tree_temperature_scale=float(mode.split("~")[1])), tree=tree_of(mode)
@@ -176,6 +183,10 @@ def run(args) -> dict:
     head3_gammas = tuple(getattr(args, "eagle3_gamma", None) or (2,))
     if head3 is not None:  # the EAGLE-3 head at each of its γ, after the other modes
         modes += [f"eagle3@{g}" for g in head3_gammas]
+    rules: list[str] = list(getattr(args, "acceptance", None) or ())
+    if len(rules) > 1:  # each chain mode once per acceptance rule, interleaved like the other modes
+        modes = [m if m == "plain" or m in AUTO_MODES else f"{m}/{r}" for m in modes for r in rules]
+        modes = list(dict.fromkeys(modes))
     modes += trees  # the head's trees, after the other modes
     modes += [f"draft-tree:{d},{b},{w}" for d, b, w in getattr(args, "draft_trees", None) or ()]
     problems = load_problems(args.humaneval_prompts)
@@ -223,7 +234,9 @@ def run(args) -> dict:
     for temp in args.temperatures:
         for batch in args.batches:
             calls = [ids[i : i + batch] for i in range(0, len(ids), batch)]
-            base = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
+            base: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=temp, eos_token_id=eos)
+            if len(rules) == 1:
+                base["acceptance"] = ACCEPTANCE[rules[0]]
             totals: dict[str, dict[str, Any]] = {
                 m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hists=[], **FIRST)
                 for m in modes
@@ -298,23 +311,24 @@ def run(args) -> dict:
             plain_step = plain["seconds"] / max(plain["row_steps"], 1)
             for m in modes:
                 t = totals[m]
+                kind = m.split("/")[0]  # the mode without its acceptance rule
                 tps = t["tokens"] / t["seconds"]
                 alpha = t["accepted"] / t["drafted"] if t["drafted"] else None
                 tau = t["tokens"] / t["rounds"] if m != "plain" and t["rounds"] else 1.0
                 round_cost = (t["seconds"] / max(t["row_steps"], 1)) / plain_step
                 # τ/(γc+v) with the measured τ (the α formula assumes independent acceptances; bound_cpu)
-                tree = m.startswith(("tree:", "draft-tree:"))
+                tree = kind.startswith(("tree:", "draft-tree:"))
                 if tree:  # no chain's c and v describe a tree round (its cost is round_cost): no bound either
-                    g, cm, vm = tree_of(m)[0], float("nan"), float("nan")
-                elif m.startswith("eagle3@"):
-                    g = head_gamma_of(m, 2)
+                    g, cm, vm = tree_of(kind)[0], float("nan"), float("nan")
+                elif kind.startswith("eagle3@"):
+                    g = head_gamma_of(kind, 2)
                     cm, vm = head3_costs[g]
-                elif (m in HEAD_MODES and m != "lookup+eagle") or m.startswith(("eagle@", "eagle~")):
-                    g = head_gamma_of(m, head_gamma)
+                elif (kind in HEAD_MODES and kind != "lookup+eagle") or kind.startswith(("eagle@", "eagle~")):
+                    g = head_gamma_of(kind, head_gamma)
                     cm, vm = head_costs[g]
                 else:
                     g, cm, vm = args.gamma, c, v
-                chain = m == "fixed" or (m.startswith("eagle") and m != "eagle-auto")
+                chain = kind == "fixed" or (kind.startswith("eagle") and kind != "eagle-auto")
                 bound = tau / (g * cm + vm) if chain else None
                 bound_alpha = bound_cpu(alpha, g, cm, vm) if bound and alpha is not None else None
                 positions, hist = pooled_positions(t["hists"])
@@ -322,6 +336,7 @@ def run(args) -> dict:
                     "temperature": temp,
                     "batch": batch,
                     "mode": m,
+                    "acceptance": m.split("/")[1] if "/" in m else (rules[0] if rules else "block"),
                     "alpha": alpha,
                     "tau": tau,
                     "tok_s": tps,

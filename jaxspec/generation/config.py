@@ -37,7 +37,7 @@ class GenerationConfig:
       seed: int (row ``b`` uses ``fold_in(key(seed), b)``) or one int per prompt (a row uses its own seed only).
       max_length: cache length (prompt + generated); None: bucketed from the prompts and ``max_new_tokens``.
       acceptance: advanced: the acceptance rule, a hashable ``jaxspec.core.acceptance.RejectionSampler`` (subclass)
-        instance; None: the exact rule.
+        instance; None: block verification (``BlockVerifier``); ``RejectionSampler()`` checks token by token.
       chat: wrap each string prompt as one user turn with the tokenizer's chat template (generation prompt added);
         None (the default): when the target's tokenizer has a chat template, as the ``jaxspec`` command does.
         Token-id prompts are never wrapped.

@@ -222,7 +222,7 @@ class Request:
       top_k: ``[N] int64``, each >= 0 (0 = off).
       top_p: ``[N] float64``, each in (0, 1] (1 = off).
       max_length: the cache length asked for, or None (bucketed from the prompts and ``max_new``).
-      acceptance: the acceptance rule, or None (the exact rule).
+      acceptance: the acceptance rule, or None (the loop's default, block verification).
       mesh: the ``Mesh`` to run on, or None (one device).
       shard_draft: on a mesh, shard the draft's weights (True) or replicate them (False).
       tree: the ``(depth, branch, width)`` of the trees the drafter drafts each round, or None (chains); a

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
-from jaxspec.core.acceptance import RejectionSampler
+from jaxspec.core.acceptance import BlockVerifier, RejectionSampler
 from jaxspec.core.sampling import SamplingParams
 from jaxspec.drafters import Drafter, NoDraft
 from jaxspec.parallel import sharding
@@ -47,7 +47,7 @@ class LoopSpec:
     gamma: int
     cache_len: int
     vocab_size: int
-    acceptance: RejectionSampler = RejectionSampler()
+    acceptance: RejectionSampler = BlockVerifier()
     mesh: Mesh | None = None
     prefill_chunk: int = 0
 

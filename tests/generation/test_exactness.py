@@ -41,7 +41,7 @@ from helpers import five_token_tokenizer
 import jaxspec
 from jaxspec import llama
 from jaxspec.core import tree_acceptance
-from jaxspec.core.acceptance import RejectionSampler
+from jaxspec.core.acceptance import BlockVerifier, RejectionSampler
 from jaxspec.core.sampling import SamplingParams, warp
 from jaxspec.drafters import eagle
 from jaxspec.models import eagle as eagle_model
@@ -422,9 +422,55 @@ def test_plain_sampling_is_exact(target, target_logits):
     assert p_value > ALPHA, f"plain sampling does not follow the target (p={p_value:.3g})"
 
 
+@pytest.mark.slow
+def test_token_by_token_rule_is_exact(target, draft, target_logits):
+    """The loop's default is block verification (the cases above); the token-by-token rule, still a choice
+    (``acceptance=RejectionSampler()``), passes the same test."""
+    p_value, result, _, _ = run_and_test(
+        target,
+        draft,
+        target_logits,
+        gamma=3,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=1103,
+        acceptance=RejectionSampler(),
+    )
+    assert p_value > ALPHA, f"token-by-token output does not follow the target (p={p_value:.3g})"
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+
+
 @dataclasses.dataclass(frozen=True)
-class ResampleFromTarget(RejectionSampler):
-    """Classic bug: after a rejection, draw the correction from ``p`` instead of ``normalize(max(0, p - q))``."""
+class _PrefixRatioOnly(BlockVerifier):
+    """Block verification with the residual's mass left out of a prefix's stopping probability (``h_i = w_i``)."""
+
+    def stop_probabilities(self, weight, mass):
+        return weight
+
+
+@pytest.mark.slow
+def test_negative_control_block_stopping_rule_is_rejected(target, draft, target_logits):
+    """The same test catches a plausible wrong block rule: prefixes stopped by their probability ratio alone."""
+    p_value, result, _, _ = run_and_test(
+        target,
+        draft,
+        target_logits,
+        gamma=3,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=1104,
+        acceptance=_PrefixRatioOnly(),
+    )
+    assert 0.05 < result.stats.acceptance_rate < 0.95
+    assert p_value < 1e-10, f"the test failed to detect a wrong block rule (p={p_value:.3g})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResampleFromTarget(BlockVerifier):
+    """Classic bug: after a rejection, draw the correction from ``p`` instead of the residual (block verification's
+    ``normalize(max(0, w p - q))``, or ``max(0, p - q)`` at γ = 1, where it is the token rule)."""
 
     def residual(self, p, q):
         return p
