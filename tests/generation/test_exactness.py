@@ -13,7 +13,8 @@ The models are random but deliberately peaked (``init_std=0.3`` instead of 0.02,
 uniform next-token distributions) and the draft is a different, smaller architecture with another seed, so
 draft and target disagree substantially and both acceptances and rejections happen. A negative control with
 a classic bug in the acceptance rule (correcting from the target ``p`` instead of the residual
-``max(0, p - q)``) must be rejected by the very same test.
+``max(0, p - q)``) must be rejected by the very same test. The cases run the loop's default rule, block verification
+(``BlockVerifier``); the token-by-token rule passes the same test, and a wrong block rule fails it.
 
 Per-row parameters: one call whose rows differ in temperature / top-k / top-p (greedy rows among them); each
 group of rows must follow its own warped target by the same test, and fail it against another group's.
@@ -422,25 +423,6 @@ def test_plain_sampling_is_exact(target, target_logits):
     assert p_value > ALPHA, f"plain sampling does not follow the target (p={p_value:.3g})"
 
 
-@pytest.mark.slow
-def test_token_by_token_rule_is_exact(target, draft, target_logits):
-    """The loop's default is block verification (the cases above); the token-by-token rule, still a choice
-    (``acceptance=RejectionSampler()``), passes the same test."""
-    p_value, result, _, _ = run_and_test(
-        target,
-        draft,
-        target_logits,
-        gamma=3,
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        seed=1103,
-        acceptance=RejectionSampler(),
-    )
-    assert p_value > ALPHA, f"token-by-token output does not follow the target (p={p_value:.3g})"
-    assert 0.05 < result.stats.acceptance_rate < 0.95
-
-
 @dataclasses.dataclass(frozen=True)
 class _PrefixRatioOnly(BlockVerifier):
     """Block verification with the residual's mass left out of a prefix's stopping probability (``h_i = w_i``)."""
@@ -449,22 +431,26 @@ class _PrefixRatioOnly(BlockVerifier):
         return weight
 
 
+OTHER_RULES = {  # name -> (rule, whether it is exact)
+    # the loop's default is block verification (the cases above); the token rule is still a choice
+    "token-by-token": (RejectionSampler(), True),
+    # negative control: a plausible wrong block rule, prefixes stopped by their probability ratio alone
+    "prefix-ratio-only": (_PrefixRatioOnly(), False),
+}
+
+
 @pytest.mark.slow
-def test_negative_control_block_stopping_rule_is_rejected(target, draft, target_logits):
-    """The same test catches a plausible wrong block rule: prefixes stopped by their probability ratio alone."""
+@pytest.mark.parametrize("name", list(OTHER_RULES))
+def test_the_token_rule_is_exact_and_a_wrong_block_rule_is_caught(target, draft, target_logits, name):
+    rule, exact = OTHER_RULES[name]
     p_value, result, _, _ = run_and_test(
-        target,
-        draft,
-        target_logits,
-        gamma=3,
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        seed=1104,
-        acceptance=_PrefixRatioOnly(),
+        target, draft, target_logits, gamma=3, temperature=1.0, top_k=None, top_p=None, seed=1103, acceptance=rule
     )
     assert 0.05 < result.stats.acceptance_rate < 0.95
-    assert p_value < 1e-10, f"the test failed to detect a wrong block rule (p={p_value:.3g})"
+    if exact:
+        assert p_value > ALPHA, f"{name}: the output does not follow the target (p={p_value:.3g})"
+    else:
+        assert p_value < 1e-10, f"{name}: the test failed to detect a wrong rule (p={p_value:.3g})"
 
 
 @dataclasses.dataclass(frozen=True)
