@@ -84,10 +84,10 @@ class BlockVerifier(RejectionSampler):
     is 0 / 0) and ``h_γ = w_γ``; ``n`` is the longest prefix whose own uniform falls below its ``h_i`` (0 if none),
     and the next token is drawn from ``r_n`` (``n < γ``) or ``p_γ`` (``n = γ``). Only a prefix's ratio counts, so a
     draft the target undervalues can still be kept after tokens the draft undervalued, where the token rule would
-    stop at it. The output has exactly the target's distribution, and for any draft and target the expected number
-    of accepted drafts is at least the token rule's (the paper's optimality result; ``tests/core/test_acceptance.py``
-    checks both by exact enumeration). Greedy (one-hot) rows accept exactly the longest matching prefix, as with the
-    token rule. Trees keep the inherited recursive rule (``tree``).
+    stop at it. The output has exactly the target's distribution, and for any draft model and target the expected
+    number of accepted drafts is at least the token rule's (the paper's optimality result;
+    ``tests/core/test_acceptance.py`` checks both against exact enumeration). Greedy (one-hot) rows accept exactly
+    the longest matching prefix, as with the token rule. Trees keep the inherited recursive rule (``tree``).
     """
 
     def stop_probabilities(self, weight: jax.Array, mass: jax.Array) -> jax.Array:
