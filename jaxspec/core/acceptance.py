@@ -107,8 +107,8 @@ class BlockVerifier(RejectionSampler):
         q_tok = jnp.take_along_axis(q, draft_tokens[:, None], axis=-1)[:, 0]
         ratio = jnp.where(q_tok > 0, p_tok / jnp.where(q_tok > 0, q_tok, 1.0), 0.0)
         weights = [jnp.float32(1.0)]  # w_0 .. w_γ; γ is static and small
-        for i in range(gamma):
-            weights.append(jnp.minimum(weights[-1] * ratio[i], 1.0))
+        for i in range(gamma):  # a prefix the target rules out stays out, even before a ratio that overflows
+            weights.append(jnp.where(weights[-1] > 0, jnp.minimum(weights[-1] * ratio[i], 1.0), 0.0))
         w = jnp.stack(weights)
         resid = self.residual(w[:gamma, None] * p[:gamma], q)  # [γ, V]: r_0 .. r_{γ-1}
         h = self.stop_probabilities(w[:gamma], jnp.sum(resid, axis=-1))

@@ -33,6 +33,15 @@ CASES = {
     # p(d) = 0: rejected whatever u is; residual max(0, p - q) is one-hot here
     "p zero at the draft, residual one token": ([2], [HALF_12], [HALF_01, ONE[3]], 0, 0),
     "accepted then p zero, residual at position 1": ([1, 2], [ONE[1], HALF_12], [ONE[1], HALF_01, ONE[3]], 1, 0),
+    # a draft the target rules out, then one with a vanishing q (p/q overflows, or q reads as 0 where denormals are
+    # flushed): nothing accepted, the correction from max(0, p_0 - q_0)
+    "ruled out, then an overflowing ratio": (
+        [1, 2],
+        [HALF_12, np.array([0.5, 0.5, 1e-45, 0], np.float32)],
+        [ONE[0], np.array([0, 0.5, 0.5, 0], np.float32), ONE[3]],
+        0,
+        0,
+    ),
     # the correction is drawn from p minus q: token 2 has p's mass but q covers it, so only token 3 remains
     "residual removes q's mass": ([1], [HALF_12], [np.array([0, 0, 0.5, 0.5], np.float32), ONE[0]], 0, 3),
 }
