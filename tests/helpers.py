@@ -3,6 +3,7 @@ counting XLA compilations; tiny Hugging Face tokenizers; a model resized to anot
 decoding."""
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -10,6 +11,7 @@ import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.core.acceptance import BlockVerifier
 from jaxspec.loop import executables
 from jaxspec.models import llama
 
@@ -153,3 +155,13 @@ def check_window_logits_at_last_only(apply_fn, init_cache, params, feats_width: 
     np.testing.assert_array_equal(np.asarray(cache1.k), np.asarray(cache.k))
     finite = np.isfinite(np.asarray(full[0, 0]))
     assert not np.allclose(np.asarray(last[0, 0])[finite], np.asarray(full[0, 0])[finite])
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixRatioOnly(BlockVerifier):
+    """A wrong block rule, the negative control of block verification's tests: a prefix stops with the probability of
+    its ratio alone (``h_i = w_i``), the residual's mass left out; plausible-looking, and not the target's
+    distribution."""
+
+    def stop_probabilities(self, weight, mass):
+        return weight

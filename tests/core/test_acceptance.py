@@ -6,13 +6,13 @@ readable name. Vocabulary of 4 tokens; ``p`` has γ+1 rows, ``q`` γ rows. At th
 three-token "models" against exact enumeration: its output distribution and its expected accepted drafts.
 """
 
-import dataclasses
 import itertools
 
 import jax
 import numpy as np
 import pytest
 import scipy.stats
+from helpers import PrefixRatioOnly
 
 from jaxspec.core.acceptance import BlockVerifier, RejectionSampler
 
@@ -248,15 +248,6 @@ def _fit_p_value(tokens: np.ndarray, joint: np.ndarray) -> float:
     return float(scipy.stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
 
 
-@dataclasses.dataclass(frozen=True)
-class _PrefixRatioOnly(BlockVerifier):
-    """Negative control: a prefix stops with the probability of its ratio alone (``h_i = w_i``), the residual's
-    mass left out: a plausible-looking sequence-level rule that does not give the target's distribution."""
-
-    def stop_probabilities(self, weight, mass):
-        return weight
-
-
 BLOCK_CASES = {"flat": (11, 1.0), "peaked": (12, 0.3)}
 
 
@@ -267,7 +258,7 @@ def test_block_verification_gives_the_target_distribution(case):
     joint = _target_joint(target)
     _, tokens = _round_outputs(BlockVerifier(), target, draft, seed)
     assert _fit_p_value(tokens, joint) > 1e-3
-    _, wrong = _round_outputs(_PrefixRatioOnly(), target, draft, seed)
+    _, wrong = _round_outputs(PrefixRatioOnly(), target, draft, seed)
     assert _fit_p_value(wrong, joint) < 1e-6, "the negative control passed: the test cannot tell"
 
 

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 import scipy.special
 import scipy.stats
-from helpers import five_token_tokenizer
+from helpers import PrefixRatioOnly, five_token_tokenizer
 
 import jaxspec
 from jaxspec import llama
@@ -440,14 +440,6 @@ def test_plain_sampling_is_exact(target, target_logits):
     assert p_value > ALPHA, f"plain sampling does not follow the target (p={p_value:.3g})"
 
 
-@dataclasses.dataclass(frozen=True)
-class _PrefixRatioOnly(BlockVerifier):
-    """Block verification with the residual's mass left out of a prefix's stopping probability (``h_i = w_i``)."""
-
-    def stop_probabilities(self, weight, mass):
-        return weight
-
-
 @pytest.mark.slow
 def test_negative_control_wrong_block_rule_is_rejected(target, draft, target_logits):
     """A plausible wrong block rule, prefixes stopped by their probability ratio alone, fails the same test."""
@@ -460,7 +452,7 @@ def test_negative_control_wrong_block_rule_is_rejected(target, draft, target_log
         top_k=None,
         top_p=None,
         seed=1103,
-        acceptance=_PrefixRatioOnly(),
+        acceptance=PrefixRatioOnly(),
     )
     assert 0.05 < result.stats.acceptance_rate < 0.95
     assert p_value < 1e-10, f"the test failed to detect a wrong block rule (p={p_value:.3g})"
