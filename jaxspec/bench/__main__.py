@@ -178,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--acceptance",
         type=lambda s: s.split(","),
         metavar="RULE[,RULE]",
-        help="--humaneval: the chains' acceptance rule, token (token by token) or block (block verification, the "
-        "default); several: each chain mode once per rule, as MODE/RULE",
+        help="--humaneval: the acceptance rule, token (token by token; trees by recursive rejection sampling) or "
+        "block (block verification; trees by traversal verification; the default); several: each chain and tree "
+        "mode once per rule, as MODE/RULE",
     )
     p.add_argument(
         "--tree-scale",

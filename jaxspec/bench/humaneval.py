@@ -10,9 +10,10 @@ round verified), the EAGLE head (``eagle``, at ``--eagle-gamma``, default γ) an
 γ for rows where it matches, the head at its γ for the others); ``--eagle-scale`` sets the head's temperature scale
 (several: one ``eagle~S`` mode each, at one γ); ``--trees`` adds the head drafting trees (``tree:D,B,W``, one
 per shape: depth, branch, width; with ``--tree-scale`` one ``tree:D,B,W~S`` per shape and tree temperature scale)
-and ``--draft-trees`` the draft model drafting them (``draft-tree:D,B,W``). ``--acceptance`` picks the chains'
-acceptance rule (``token``: token by token; ``block``: block verification, the default); several: each chain mode
-once per rule (``MODE/RULE``, interleaved like the others; plain, the auto modes and the trees keep the default). A
+and ``--draft-trees`` the draft model drafting them (``draft-tree:D,B,W``). ``--acceptance`` picks the
+acceptance rule (``token``: token by token, trees by recursive rejection sampling; ``block``: block verification,
+trees by traversal verification, the default); several: each chain and tree mode once per rule (``MODE/RULE``,
+interleaved like the others; plain and the auto modes keep the default). A
 warm-up call per mode and (rows, cache bucket) compiles first (auto's calibration included).
 Reported per (temperature, batch, mode): α, τ (tokens per row-round), tokens/s (tokens ÷ device time, compilation
 excluded) and the ratio to plain; c and v (verify over γ+1 tokens ÷ one step) from standalone batch-1 steps timed
@@ -115,6 +116,14 @@ def tree_of(mode: str) -> tuple[int, int, int]:
     return depth, branch, width
 
 
+def with_rules(modes: list[str], rules: list[str]) -> list[str]:
+    """With several acceptance rules, each chain and tree mode once per rule (``MODE/RULE``, interleaved like the
+    other modes); plain and the auto modes once, under the default."""
+    if len(rules) <= 1:
+        return modes
+    return list(dict.fromkeys(m if m == "plain" or m in AUTO_MODES else f"{m}/{r}" for m in modes for r in rules))
+
+
 def _kwargs(mode: str, draft, gamma: int, policies: dict, head=None, head_gamma: int | None = None, head3=None) -> dict:
     if "/" in mode:  # MODE/RULE: the mode with that acceptance rule
         base, rule = mode.rsplit("/", 1)
@@ -183,12 +192,10 @@ def run(args) -> dict:
     head3_gammas = tuple(getattr(args, "eagle3_gamma", None) or (2,))
     if head3 is not None:  # the EAGLE-3 head at each of its γ, after the other modes
         modes += [f"eagle3@{g}" for g in head3_gammas]
-    rules: list[str] = list(getattr(args, "acceptance", None) or ())
-    if len(rules) > 1:  # each chain mode once per acceptance rule, interleaved like the other modes
-        modes = [m if m == "plain" or m in AUTO_MODES else f"{m}/{r}" for m in modes for r in rules]
-        modes = list(dict.fromkeys(modes))
     modes += trees  # the head's trees, after the other modes
     modes += [f"draft-tree:{d},{b},{w}" for d, b, w in getattr(args, "draft_trees", None) or ()]
+    rules: list[str] = list(getattr(args, "acceptance", None) or ())
+    modes = with_rules(modes, rules)
     problems = load_problems(args.humaneval_prompts)
     ids = prompt_ids(target, problems)
     if args.prompts_out:

@@ -17,7 +17,9 @@ exactly as a round of γ = ``limit`` would verify it.
 ``BlockVerifier`` decides the same round by block verification (Sun et al., "Block Verification Accelerates
 Speculative Decoding", 2024): it judges each drafted prefix as a whole rather than token by token, which accepts
 more drafts on average and never fewer, with the same exact output distribution. It is the loop's default; the
-token-by-token rule stays available as ``RejectionSampler()``.
+token-by-token rule stays available as ``RejectionSampler()``. A tree round is decided by recursive rejection
+sampling under ``RejectionSampler`` and by traversal verification, block verification's rule for trees, under
+``BlockVerifier`` (``jaxspec.core.tree_acceptance``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.core.sampling import sample
-from jaxspec.core.tree_acceptance import accept_tree
+from jaxspec.core.tree_acceptance import accept_tree, traverse_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +89,8 @@ class BlockVerifier(RejectionSampler):
     stop at it. The output has exactly the target's distribution, and for any draft model and target the expected
     number of accepted drafts is at least the token rule's (the paper's optimality result;
     ``tests/core/test_acceptance.py`` checks both against exact enumeration). Greedy (one-hot) rows accept exactly
-    the longest matching prefix, as with the token rule. Trees keep the inherited recursive rule (``tree``).
+    the longest matching prefix, as with the token rule. Trees are decided by the same rule carried to trees,
+    traversal verification (``tree``).
     """
 
     def stop_probabilities(self, weight: jax.Array, mass: jax.Array) -> jax.Array:
@@ -121,3 +124,8 @@ class BlockVerifier(RejectionSampler):
         p_next = p[n]
         dist = jnp.where((n < last) & (jnp.sum(resid_next) > 0), resid_next, p_next)
         return n, sample(key_c, dist)
+
+    def tree(self, keys, parent, token, rank, q, p, *, depth: int, branch: int):
+        """A tree round's acceptance by traversal verification (``jaxspec.core.tree_acceptance.traverse_tree``):
+        each node judged by its path's clipped ratio, leaf to root; the same results as ``RejectionSampler.tree``."""
+        return traverse_tree(keys, parent, token, rank, q, p, depth=depth, branch=branch)

@@ -13,6 +13,12 @@ none: a leaf) the next token is drawn from ``r``. Each sibling step is an ordina
 target ``r`` and proposal ``q'``, so by induction the token leaving ``u`` is distributed exactly as ``p[u]`` and the
 output (the accepted path's tokens, then the drawn token) is plain sampling from the target. With one-hot ``p``
 (greedy) it accepts the child that is the target's argmax, whatever ``q``.
+
+``traverse_tree_row`` decides the same tree by traversal verification (Weng et al., "Traversal Verification for
+Speculative Tree Decoding", 2025), block verification's rule carried to trees: a node is judged by its path's
+clipped ratio, leaf to root, so a child the target values more than the drafter can make up for a parent it valued
+less, and a node whose whole subtree was rejected can still be kept. It accepts more nodes on average, with the same
+exact output.
 """
 
 from __future__ import annotations
@@ -92,3 +98,147 @@ def accept_tree(keys, parent, token, rank, q, p, *, depth: int, branch: int):
     """Batched ``accept_tree_row`` over a leading row axis of every argument: ``(n [B], path [B, depth], next
     [B])``."""
     return jax.vmap(lambda *a: accept_tree_row(*a, depth=depth, branch=branch))(keys, parent, token, rank, q, p)
+
+
+def traverse_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int, wrong_rule: str | None = None):
+    """As ``accept_tree_row`` (same arguments and results), by traversal verification: the tree is walked depth
+    first, children in draw order, each node judged after its subtree (post-order).
+
+    Every node on the walk's current path holds a weight ``w``, a target ``r`` and a proposal ``q'`` (the root:
+    ``1, p[0], q[0]``). A child with token ``x`` enters with ``w_c = min(1, w r(x) / q'(x))`` and its own ``p``,
+    ``q``. A node with no child left to try is kept with probability ``w`` (the root always): the round accepts its
+    path and draws the next token from its ``r``. Otherwise it is given up, and its parent, with ``ρ = max(0, w r -
+    q')`` and ``R = Σ ρ``, moves to ``w <- R / (R + 1 - w)``, ``r <- ρ / R``, and ``q'`` without ``x``,
+    renormalized (the distribution its next child was drawn from). A child of weight 0 is given up without walking
+    its subtree (every node in it has weight 0).
+
+    Why it is exact, by induction over subtrees: a node of weight ``w`` whose remaining children are drawn from
+    ``q'`` is kept-or-below with first-token measure ``w r`` and given up with probability ``1 - w``. A leaf does so
+    by its rule. A child drawn from ``q'`` is kept-or-below with measure ``q'(x) w_c = min(q', w r)(x)`` and given up
+    with probability ``F = 1 - w + R``, the same whatever its subtree's shape; what the node still owes is ``ρ``,
+    which the rest (weight ``R / F``, target ``ρ / R``, the next sibling drawn from ``q'`` without ``x``) pays as
+    ``F · (R / F) · ρ / R``, leaving ``F (1 - R / F) = 1 - w`` given up. With one child a node, this is
+    ``jaxspec.core.acceptance.BlockVerifier``'s chain rule. With one-hot ``p`` (greedy) only the target's argmax
+    child has weight above 0, and it has weight 1 (a greedy row's children are the drafter's top tokens, not draws,
+    so its ``q'`` may be 0 there: the ratio is then taken as infinite), so it accepts the argmax path as
+    ``accept_tree_row`` does.
+
+    No vocabulary-wide state is kept: ``w r = max(0, A p - B(t) q)`` at every step, with scalars ``A`` and ``B`` for
+    the tokens still in ``q'`` (``q' = q / s`` there, ``s`` the mass left) and one ``B`` per given-up child (by
+    induction: ``ρ / F`` has that form with ``A / F`` and ``(B + 1 / s) / F``, or ``B / F`` for a given-up token).
+    A step is scalar work and one sum over a row of ``p`` and ``q``; the drawn token's distribution is built once.
+
+    ``wrong_rule`` (tests only: the negative controls): ``"with_replacement"`` keeps ``q'`` after a child is given
+    up, ``"no_reweight"`` keeps the parent's ``w``."""
+    nodes = parent.shape[0]
+    index = jnp.arange(nodes)
+    levels = depth + 1
+    slots = jnp.arange(branch)
+
+    def child(u, j):
+        hit = (parent == u) & (rank == j) & (index > 0) & (j < branch)
+        return jnp.where(jnp.any(hit), jnp.argmax(hit), -1)
+
+    def safe_div(a, b):
+        return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
+
+    def step(state):
+        key, d, at, tried, w, a, b, s, lost, lost_b, count, done = state
+        u = at[d]
+        c = child(u, tried[d])
+        has_child = c >= 0
+        x = token[jnp.maximum(c, 0)]
+        p_x, q_x = p[u, x], q[u, x]  # x is not a given-up token: siblings are distinct
+        target_x = jnp.maximum(a[d] * p_x - b[d] * q_x, 0.0)  # w r(x)
+        proposal_x = safe_div(q_x, s[d])
+        # q'(x) = 0 only where the children were not drawn from q (a greedy row's top tokens): weight 1 if r(x) > 0
+        w_c = jnp.where(
+            proposal_x > 0, jnp.minimum(1.0, safe_div(target_x, proposal_x)), jnp.where(target_x > 0, 1.0, 0.0)
+        )
+        descend = has_child & (w_c > 0)
+        key, k_keep = jax.random.split(key)
+        keep = ~has_child & ((jax.random.uniform(k_keep, (), jnp.float32) < w[d]) | (d == 0))
+        fail = (has_child & ~descend) | (~has_child & ~keep)
+        # a child given up (weight 0, or its subtree walked and the child itself not kept): its parent moves on
+        lv = jnp.where(has_child, d, jnp.maximum(d - 1, 0))
+        x_lost = jnp.where(has_child, x, token[u])
+        row_p, row_q = p[at[lv]], q[at[lv]]
+        inv_s = safe_div(1.0, s[lv])
+        if wrong_rule == "with_replacement":
+            inv_s = jnp.where(s[lv] > 0, 1.0, 0.0)  # q' stays q: every token's B grows alike
+        b_kept = b[lv] + inv_s  # ρ's B for the tokens still in q' (x_lost among them)
+        mass = jnp.sum(jnp.maximum(a[lv] * row_p - b_kept * row_q, 0.0))
+        g = lost[lv]  # the given-up tokens, whose B did not grow
+        live = slots < count[lv]
+        if wrong_rule == "with_replacement":
+            live = jnp.zeros_like(live)
+        p_g, q_g = row_p[g], row_q[g]
+        mass = mass + jnp.sum(
+            jnp.where(
+                live,
+                jnp.maximum(a[lv] * p_g - lost_b[lv] * q_g, 0.0) - jnp.maximum(a[lv] * p_g - b_kept * q_g, 0.0),
+                0.0,
+            )
+        )
+        failed = 1.0 - w[lv] + mass
+        scale = jnp.where(failed > 0, 1.0 / jnp.where(failed > 0, failed, 1.0), 1.0)
+        w_lv = jnp.where(failed > 0, mass * scale, w[lv])
+        if wrong_rule == "no_reweight":
+            scale = jnp.where(mass > 0, w[lv] / jnp.where(mass > 0, mass, 1.0), 1.0)
+            w_lv = w[lv]
+        s_lv = s[lv] if wrong_rule == "with_replacement" else s[lv] - q[at[lv], x_lost]
+        slot = jnp.minimum(count[lv], branch - 1)
+        lost_lv = lost[lv].at[slot].set(x_lost)
+        lost_b_lv = (lost_b[lv] * scale).at[slot].set(b_kept * scale)
+
+        def put(arr, at_level, value, when):
+            return jnp.where(when, arr.at[at_level].set(value), arr)
+
+        w = put(w, lv, w_lv, fail)
+        a = put(a, lv, a[lv] * scale, fail)
+        b = put(b, lv, b_kept * scale, fail)
+        s = put(s, lv, s_lv, fail)
+        lost = put(lost, lv, lost_lv, fail)
+        lost_b = put(lost_b, lv, lost_b_lv, fail)
+        count = put(count, lv, count[lv] + 1, fail)
+        tried = jnp.where(has_child, tried.at[d].add(1), tried)
+        below = jnp.minimum(d + 1, levels - 1)  # a child entering: its own p and q, weight w_c, nothing given up
+        at = put(at, below, c, descend)
+        tried = put(tried, below, 0, descend)
+        w = put(w, below, w_c, descend)
+        a = put(a, below, w_c, descend)
+        b = put(b, below, 0.0, descend)
+        s = put(s, below, 1.0, descend)
+        count = put(count, below, 0, descend)
+        d = d + descend.astype(jnp.int32) - (~has_child & ~keep).astype(jnp.int32)
+        return key, d, at, tried, w, a, b, s, lost, lost_b, count, done | keep
+
+    key, k_next = jax.random.split(key)
+    zeros = jnp.zeros((levels,), jnp.float32)
+    start = (
+        key,
+        jnp.int32(0),
+        jnp.zeros((levels,), jnp.int32),  # the path's nodes
+        jnp.zeros((levels,), jnp.int32),  # children tried, per node on the path
+        zeros.at[0].set(1.0),  # w
+        zeros.at[0].set(1.0),  # A
+        zeros,  # B
+        jnp.ones((levels,), jnp.float32),  # s
+        jnp.zeros((levels, branch), jnp.int32),  # the given-up children's tokens
+        jnp.zeros((levels, branch), jnp.float32),  # and their B
+        jnp.zeros((levels,), jnp.int32),  # how many
+        jnp.bool_(False),
+    )
+    _, n, at, _, _, a, b, _, lost, lost_b, count, _ = jax.lax.while_loop(lambda st: ~st[-1], step, start)
+    u = at[n]
+    given_up = jnp.where(slots < count[n], lost[n], p.shape[-1])  # unused slots point past the vocabulary
+    b_row = jnp.full(p.shape[-1:], b[n]).at[given_up].set(lost_b[n], mode="drop")
+    target = jnp.maximum(a[n] * p[u] - b_row * q[u], 0.0)  # the kept node's w r: p, or what its given-up children left
+    path = jnp.where(jnp.arange(1, levels) <= n, at[1:], 0)
+    return n, path, sample(k_next, _normalized(target, p[u]))
+
+
+def traverse_tree(keys, parent, token, rank, q, p, *, depth: int, branch: int):
+    """Batched ``traverse_tree_row`` over a leading row axis of every argument: ``(n [B], path [B, depth], next
+    [B])``."""
+    return jax.vmap(lambda *a: traverse_tree_row(*a, depth=depth, branch=branch))(keys, parent, token, rank, q, p)

@@ -1,6 +1,6 @@
 """Growing a draft tree a level per pass, shared by the drafters that branch (``EagleDrafter``, ``ModelDrafter``):
-EAGLE-2's dynamic tree in fixed shapes, with the allocation rule exact recursive rejection sampling needs
-(``jaxspec.core.tree_acceptance``).
+EAGLE-2's dynamic tree in fixed shapes, with the allocation rule exact tree acceptance needs (either rule of
+``jaxspec.core.tree_acceptance``).
 
 From the root's distribution the root gets ``branch`` children; each further level offers every node of the level
 above ``branch`` children and keeps the ``width`` most promising, down to ``depth`` levels (``branch + (depth - 1)

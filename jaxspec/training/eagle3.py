@@ -644,8 +644,8 @@ def _siblings_fn(branch: int, samples: int):
 def sibling_acceptance(key, logits, p, scale: float, *, branch: int, samples: int):
     """P(accept) of a tree node's ``branch`` children drawn without replacement from ``softmax(logits / scale)``
     (``logits [N, rows]``) and tried in turn against ``p [N, rows + 1]`` (the last column: mass q never draws) by
-    the trees' recursive rejection sampling (``jaxspec.core.tree_acceptance.accept_tree_row``), estimated over
-    ``samples`` draws per row: ``[N]``."""
+    the trees' recursive rejection sampling (``jaxspec.core.tree_acceptance.accept_tree_row``; one level deep,
+    traversal verification decides the same), estimated over ``samples`` draws per row: ``[N]``."""
     return _siblings_fn(branch, samples)(key, jnp.asarray(logits, jnp.float32), jnp.asarray(p, jnp.float32), scale)
 
 

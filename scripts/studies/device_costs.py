@@ -12,14 +12,15 @@ by call in blocks; figures are medians. Then whole ``jaxspec.generate`` loops (`
 EAGLE-1 head at γ=2, the EAGLE-3 head at γ=3, the EAGLE-1 head's trees (5, 3, 6) and (6, 4, 10); α ≈ 0 with random
 heads, so each pass yields one token) as ms per target pass, the loop's own overheads included; ``plain_pad`` and
 ``eagle3_pad`` run the target (and the head) with one-row weight products computed over two rows (``min_rows=2``),
-``plain*2`` two copies of each row. Prints one JSON object per figure and appends each to
-``OUT_DIR/device_costs.jsonl`` as it goes (a timeout keeps what was measured). Stops starting new sections past
-``--budget-s``.
+``plain*2`` two copies of each row. First, a tree round's acceptance alone under each rule
+(``--acceptance-trees``). Prints one JSON object per figure and appends each to ``OUT_DIR/device_costs.jsonl`` as it
+goes (a timeout keeps what was measured). Stops starting new sections past ``--budget-s``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -259,6 +260,60 @@ def loop_costs(out, target, e1, e3, repeats: int, new_tokens: int, batch: int, m
     )
 
 
+def tree_of(depth: int, branch: int, width: int):
+    """``(parent, rank)`` of a full tree of that shape: level 1 the root's ``branch`` children, each further level
+    ``width`` nodes, ``branch`` children to each of the level above's first nodes."""
+    nodes = branch + (depth - 1) * width
+    parent, rank = np.full(nodes + 1, -1, np.int32), np.zeros(nodes + 1, np.int32)
+    parent[1 : branch + 1], rank[1 : branch + 1] = 0, np.arange(branch)
+    above, at = list(range(1, branch + 1)), branch + 1
+    for _ in range(depth - 1):
+        level = list(range(at, at + width))
+        for i, node in enumerate(level):
+            parent[node], rank[node] = above[(i // branch) % len(above)], i % branch
+        above, at = level, at + width
+    return parent, rank
+
+
+def acceptance_costs(out, trees: list[str], vocab: int, iters: int):
+    """A tree round's acceptance alone, each rule (recursive rejection sampling; traversal verification, whose walk
+    is a while loop over up to twice the nodes), batch 1, over ``vocab`` ids: ms per round, median of ``iters``.
+    The target's p is the drafter's q with noise, so rounds accept some paths and give up others."""
+    from jaxspec.core import tree_acceptance
+
+    rules = {"recursive": tree_acceptance.accept_tree, "traversal": tree_acceptance.traverse_tree}
+    for shape in trees:
+        depth, branch, width = (int(x) for x in shape.split("."))
+        parent, rank = (jnp.asarray(x)[None] for x in tree_of(depth, branch, width))
+        nodes = parent.shape[1]
+        k_logits, k_noise, k_tok = jax.random.split(jax.random.key(0), 3)
+        logits = 3.0 * jax.random.normal(k_logits, (1, nodes, vocab), jnp.float32)
+        q = jax.nn.softmax(logits, -1)
+        p = jax.nn.softmax(logits + jax.random.normal(k_noise, logits.shape, jnp.float32), -1)
+        token = jax.random.categorical(k_tok, logits).astype(jnp.int32)  # each node's token from its parent's q
+        token = jnp.take_along_axis(token, jnp.maximum(parent, 0), axis=1)
+        for name, rule in rules.items():
+            fn = jax.jit(functools.partial(rule, depth=depth, branch=branch))
+            keys = jax.random.split(jax.random.key(1), iters + 1)[:, None]
+            t = time.perf_counter()
+            jax.block_until_ready(fn(keys[0], parent, token, rank, q, p))
+            compile_s = time.perf_counter() - t
+            times = []
+            for k in keys[1:]:
+                t = time.perf_counter()
+                jax.block_until_ready(fn(k, parent, token, rank, q, p))
+                times.append(time.perf_counter() - t)
+            emit(
+                out,
+                section="acceptance",
+                tree=shape,
+                vocab=vocab,
+                rule=name,
+                ms=round(1000 * statistics.median(times), 3),
+                compile_s=round(compile_s, 2),
+            )
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="?", default=os.environ.get("OUT", ""))
@@ -274,6 +329,11 @@ def main(argv=None):
     )
     p.add_argument("--quant-shapes", default="", help="shapes whose bfloat16, int8 and w8a8 steps are timed")
     p.add_argument("--quant-loops", default="plain,eagle1@2", help="loop modes run over the int8 target")
+    p.add_argument(
+        "--acceptance-trees",
+        default="10.4.16,6.4.10",
+        help="tree shapes D.B.W whose acceptance alone is timed under each rule (SmolLM2's and Llama's vocabularies)",
+    )
     p.add_argument("--budget-s", type=float, default=330.0)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--blocks", type=int, default=3)
@@ -290,6 +350,12 @@ def main(argv=None):
         devices=[str(d) for d in jax.devices()],
         argv=sys.argv[1:],
     )
+    if a.acceptance_trees:
+        for vocab in (SHAPES["smollm2-135m"]["vocab_size"], SHAPES["llama-3.1-8b"]["vocab_size"]):
+            try:
+                acceptance_costs(a.out, a.acceptance_trees.split(","), vocab, a.iters)
+            except Exception as e:
+                emit(a.out, section="error", acceptance=vocab, error=f"{type(e).__name__}: {e}"[:2000])
     for name in [s for s in a.quant_shapes.split(",") if s]:
         if time.perf_counter() - START > a.budget_s:
             emit(a.out, section="skipped", shape=name, reason="budget")

@@ -331,7 +331,7 @@ def test_continuous_flags_and_pool():
 
 def test_humaneval_flags_and_head_modes(small_draft):
     from jaxspec.bench.__main__ import parse_args
-    from jaxspec.bench.humaneval import AUTO_MODES, _kwargs, tree_of
+    from jaxspec.bench.humaneval import AUTO_MODES, _kwargs, tree_of, with_rules
     from jaxspec.core.acceptance import BlockVerifier, RejectionSampler
 
     args = parse_args(["--humaneval", "--humaneval-modes", "plain,eagle,eagle-auto", "--eagle-gamma", "2"])
@@ -395,7 +395,7 @@ def test_humaneval_flags_and_head_modes(small_draft):
 
     got = _kwargs("tree:6,4,10~0.6", "draft", 4, policies, TreeHead(), 2)
     assert got == dict(draft=TreeHead(0.6), tree=(6, 4, 10)) and tree_of("tree:6,4,10~0.6") == (6, 4, 10)
-    # the chains' acceptance rule: one for every mode, or MODE/RULE modes, one per rule
+    # the acceptance rule: one for every mode, or MODE/RULE modes (chains and trees), one per rule
     assert parse_args(["--humaneval", "--acceptance", "token,block"]).acceptance == ["token", "block"]
     for bad in (["--acceptance", "greedy"], ["--acceptance", "token,"]):
         with pytest.raises(SystemExit):
@@ -404,6 +404,18 @@ def test_humaneval_flags_and_head_modes(small_draft):
     assert by_rule == dict(draft=head, gamma=3, acceptance=RejectionSampler())
     assert type(by_rule["acceptance"]) is RejectionSampler  # not the default, BlockVerifier (a subclass)
     assert _kwargs("fixed/block", "draft", 4, policies, head, 2)["acceptance"] == BlockVerifier()
+    by_rule = _kwargs("tree:10,4,16/token", "draft", 4, policies, head, 2)  # a tree by recursive rejection sampling
+    assert by_rule == dict(draft=head, tree=(10, 4, 16), acceptance=RejectionSampler())
+    modes = ["plain", "eagle", "eagle-auto", "tree:10,4,16"]
+    assert with_rules(modes, ["block"]) == modes
+    assert with_rules(modes, ["token", "block"]) == [
+        "plain",
+        "eagle/token",
+        "eagle/block",
+        "eagle-auto",
+        "tree:10,4,16/token",
+        "tree:10,4,16/block",
+    ]
 
 
 def test_humaneval_ttft_splits_the_decode_phase_off():

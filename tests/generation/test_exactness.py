@@ -766,32 +766,33 @@ def test_per_row_parameters_in_one_call_are_exact(target, draft, target_logits):
 
 
 # --------------------------------------------------------------------------------------------- draft trees
-# A tree round (jaxspec.loop.tree): the head's tree of candidates, verified in one target pass by recursive rejection
-# sampling of siblings drawn without replacement. The trees are as wide as the heads' 3-token vocabulary allows and
-# keep fewer nodes per level than they are offered, so siblings, rejections down a branch and the pruning all occur.
+# A tree round (jaxspec.loop.tree): the head's tree of candidates, verified in one target pass by traversal
+# verification (the default) or recursive rejection sampling (acceptance=RejectionSampler()) of siblings drawn
+# without replacement. The trees are as wide as the heads' 3-token vocabulary allows and keep fewer nodes per level
+# than they are offered, so siblings, rejections down a branch and the pruning all occur.
 
 
 @dataclasses.dataclass(frozen=True)
-class _WrongTreeRule(RejectionSampler):
-    """A tree acceptance with one of ``accept_tree_row``'s wrong rules (the negative controls)."""
+class _WrongTreeRule(BlockVerifier):
+    """A tree acceptance with one of ``traverse_tree_row``'s wrong rules (the negative controls)."""
 
     rule: str = "with_replacement"
 
     def tree(self, keys, parent, token, rank, q, p, *, depth, branch):
-        row = functools.partial(tree_acceptance.accept_tree_row, depth=depth, branch=branch, wrong_rule=self.rule)
+        row = functools.partial(tree_acceptance.traverse_tree_row, depth=depth, branch=branch, wrong_rule=self.rule)
         return jax.vmap(row)(keys, parent, token, rank, q, p)
 
 
-TREE_CASES = {  # name -> (head fixture, setting, tree)
-    "eagle-temp1": ("eagle_head", "temp1", (2, 3, 4)),
-    "eagle3-topp": ("eagle3_head", "topp0.8", (3, 2, 2)),
+TREE_CASES = {  # name -> (head fixture, setting, tree, acceptance rule)
+    "eagle-temp1": ("eagle_head", "temp1", (2, 3, 4), BlockVerifier()),
+    "eagle3-topp-recursive": ("eagle3_head", "topp0.8", (3, 2, 2), RejectionSampler()),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", TREE_CASES)
 def test_tree_sampling_is_exact(request, target, target_logits, case):
-    fixture, setting, shape = TREE_CASES[case]
+    fixture, setting, shape, rule = TREE_CASES[case]
     temperature, top_k, top_p = SETTINGS[setting]
     head = request.getfixturevalue(fixture).with_tree(shape)
     seed = 9000 + 10 * list(TREE_CASES).index(case)
@@ -804,6 +805,7 @@ def test_tree_sampling_is_exact(request, target, target_logits, case):
         top_k=top_k,
         top_p=top_p,
         seed=seed,
+        acceptance=rule,
         max_length=TREE_CACHE,
     )
     assert counts[probs == 0].sum() == 0
@@ -814,9 +816,9 @@ def test_tree_sampling_is_exact(request, target, target_logits, case):
 
 @pytest.mark.slow
 def test_negative_control_tree_rule_is_rejected(target, eagle_head, target_logits):
-    """Siblings verified as if drawn independently (their proposal not renormalized without the rejected ones): the
-    same test must catch it. (Both wrong rules, this one and no residual after a rejected sibling, are caught at the
-    level of one tree in tests/core/test_tree_acceptance.py.)"""
+    """Siblings verified as if drawn independently (their proposal not renormalized without the given-up ones): the
+    same test must catch it. (Each rule's wrong rules are caught at the level of one tree in
+    tests/core/test_tree_acceptance.py.)"""
     rule = "with_replacement"
     p_value, result, _, _ = run_and_test(
         target,
