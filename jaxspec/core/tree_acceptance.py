@@ -143,7 +143,7 @@ def traverse_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int
         return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
 
     def step(state):
-        key, d, at, tried, w, a, b, s, lost, lost_b, count, done = state
+        key, d, at, tried, w, a, b, s, lost, lost_b, done = state
         u = at[d]
         c = child(u, tried[d])
         has_child = c >= 0
@@ -168,8 +168,10 @@ def traverse_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int
             inv_s = jnp.where(s[lv] > 0, 1.0, 0.0)  # q' stays q: every token's B grows alike
         b_kept = b[lv] + inv_s  # ρ's B for the tokens still in q' (x_lost among them)
         mass = jnp.sum(jnp.maximum(a[lv] * row_p - b_kept * row_q, 0.0))
-        g = lost[lv]  # the given-up tokens, whose B did not grow
-        live = slots < count[lv]
+        # the given-up tokens, whose B did not grow: the children tried there, but for the one on the path below
+        given_up = tried[lv] - (lv < d).astype(jnp.int32)
+        g = lost[lv]
+        live = slots < given_up
         if wrong_rule == "with_replacement":
             live = jnp.zeros_like(live)
         p_g, q_g = row_p[g], row_q[g]
@@ -187,7 +189,7 @@ def traverse_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int
             scale = jnp.where(mass > 0, w[lv] / jnp.where(mass > 0, mass, 1.0), 1.0)
             w_lv = w[lv]
         s_lv = s[lv] if wrong_rule == "with_replacement" else s[lv] - q[at[lv], x_lost]
-        slot = jnp.minimum(count[lv], branch - 1)
+        slot = jnp.minimum(given_up, branch - 1)
         lost_lv = lost[lv].at[slot].set(x_lost)
         lost_b_lv = (lost_b[lv] * scale).at[slot].set(b_kept * scale)
 
@@ -200,7 +202,6 @@ def traverse_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int
         s = put(s, lv, s_lv, fail)
         lost = put(lost, lv, lost_lv, fail)
         lost_b = put(lost_b, lv, lost_b_lv, fail)
-        count = put(count, lv, count[lv] + 1, fail)
         tried = jnp.where(has_child, tried.at[d].add(1), tried)
         below = jnp.minimum(d + 1, levels - 1)  # a child entering: its own p and q, weight w_c, nothing given up
         at = put(at, below, c, descend)
@@ -209,9 +210,8 @@ def traverse_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int
         a = put(a, below, w_c, descend)
         b = put(b, below, 0.0, descend)
         s = put(s, below, 1.0, descend)
-        count = put(count, below, 0, descend)
         d = d + descend.astype(jnp.int32) - (~has_child & ~keep).astype(jnp.int32)
-        return key, d, at, tried, w, a, b, s, lost, lost_b, count, done | keep
+        return key, d, at, tried, w, a, b, s, lost, lost_b, done | keep
 
     key, k_next = jax.random.split(key)
     zeros = jnp.zeros((levels,), jnp.float32)
@@ -226,12 +226,11 @@ def traverse_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int
         jnp.ones((levels,), jnp.float32),  # s
         jnp.zeros((levels, branch), jnp.int32),  # the given-up children's tokens
         jnp.zeros((levels, branch), jnp.float32),  # and their B
-        jnp.zeros((levels,), jnp.int32),  # how many
         jnp.bool_(False),
     )
-    _, n, at, _, _, a, b, _, lost, lost_b, count, _ = jax.lax.while_loop(lambda st: ~st[-1], step, start)
+    _, n, at, tried, _, a, b, _, lost, lost_b, _ = jax.lax.while_loop(lambda st: ~st[-1], step, start)
     u = at[n]
-    given_up = jnp.where(slots < count[n], lost[n], p.shape[-1])  # unused slots point past the vocabulary
+    given_up = jnp.where(slots < tried[n], lost[n], p.shape[-1])  # unused slots point past the vocabulary
     b_row = jnp.full(p.shape[-1:], b[n]).at[given_up].set(lost_b[n], mode="drop")
     target = jnp.maximum(a[n] * p[u] - b_row * q[u], 0.0)  # the kept node's w r: p, or what its given-up children left
     path = jnp.where(jnp.arange(1, levels) <= n, at[1:], 0)
