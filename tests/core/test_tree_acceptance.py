@@ -100,9 +100,12 @@ def _p_values(p_table, n, seq):
     return p_first, scipy.stats.chi2.sf(stat, dof)
 
 
-# the tree's shape as nested children, each node's in rank order: node 1 (children 4, 5; 4 has 7), node 2 (child
-# 6), node 3
-SHAPE = [[[[]], []], [[]], []]
+def _children(node: int) -> list:
+    """The subtree under ``node`` as nested lists of children, each node's in rank order (from PARENT and RANK)."""
+    return [_children(int(c)) for c in sorted(np.flatnonzero(PARENT == node), key=lambda c: RANK[c])]
+
+
+SHAPE = _children(0)  # node 1 (children 4, 5; 4 has 7), node 2 (child 6), node 3: [[[[]], []], [[]], []]
 
 
 def _expected_accepted(p_table, q_table, rule: str) -> float:
