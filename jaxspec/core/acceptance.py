@@ -33,6 +33,17 @@ from jaxspec.core.sampling import sample
 from jaxspec.core.tree_acceptance import accept_tree, traverse_tree
 
 
+def _row_draws(key, draft_tokens, q, p):
+    """What both chain rules draw and read first for one row: ``(u [γ], key_c, p_tok [γ], q_tok [γ])``, the
+    uniforms that judge the drafts, the key of the correction (or bonus) draw, and ``p_i`` and ``q_i`` at each
+    drafted token ``d_{i+1}``."""
+    key_u, key_c = jax.random.split(key)
+    u = jax.random.uniform(key_u, (draft_tokens.shape[0],), jnp.float32)
+    p_tok = jnp.take_along_axis(p[: draft_tokens.shape[0]], draft_tokens[:, None], axis=-1)[:, 0]
+    q_tok = jnp.take_along_axis(q, draft_tokens[:, None], axis=-1)[:, 0]
+    return u, key_c, p_tok, q_tok
+
+
 @dataclasses.dataclass(frozen=True)
 class RejectionSampler:
     """Acceptance rule as a static strategy (hashable, so it can be part of a compiled loop's key)."""
@@ -47,10 +58,7 @@ class RejectionSampler:
         (``p_n <= q_n`` everywhere) falls back to drawing from ``p_n``. ``limit`` (an int32 scalar <= γ, or None
         for γ): the row's real drafts; the rest are never accepted (the module docstring)."""
         gamma = draft_tokens.shape[0]
-        key_u, key_c = jax.random.split(key)
-        u = jax.random.uniform(key_u, (gamma,), jnp.float32)
-        p_tok = jnp.take_along_axis(p[:gamma], draft_tokens[:, None], axis=-1)[:, 0]
-        q_tok = jnp.take_along_axis(q, draft_tokens[:, None], axis=-1)[:, 0]
+        u, key_c, p_tok, q_tok = _row_draws(key, draft_tokens, q, p)
         accepted = u * q_tok < p_tok  # u < p/q without dividing; q_tok > 0 for a sampled token
         if limit is not None:
             accepted &= jnp.arange(gamma) < limit
@@ -104,10 +112,7 @@ class BlockVerifier(RejectionSampler):
         gamma = draft_tokens.shape[0]
         if gamma <= 1:  # no drafts (a plain step), or one: the two rules are the same
             return super().accept_row(key, draft_tokens, q, p, limit)
-        key_u, key_c = jax.random.split(key)
-        u = jax.random.uniform(key_u, (gamma,), jnp.float32)
-        p_tok = jnp.take_along_axis(p[:gamma], draft_tokens[:, None], axis=-1)[:, 0]
-        q_tok = jnp.take_along_axis(q, draft_tokens[:, None], axis=-1)[:, 0]
+        u, key_c, p_tok, q_tok = _row_draws(key, draft_tokens, q, p)
         ratio = jnp.where(q_tok > 0, p_tok / jnp.where(q_tok > 0, q_tok, 1.0), 0.0)
         weights = [jnp.float32(1.0)]  # w_0 .. w_γ; γ is static and small
         for i in range(gamma):  # a prefix the target rules out stays out, even before a ratio that overflows
