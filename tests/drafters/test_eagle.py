@@ -108,8 +108,9 @@ def test_greedy_with_a_head_equals_plain(target, head, gamma):
 def test_a_head_drafts_two_tokens_unless_told(target, head):
     assert head.default_gamma == 2  # its acceptance falls along a draft (docs/history/humaneval.md)
     assert head.default_gamma in jaxspec.policy.AutoGamma().gammas  # gamma="auto" can choose what None runs
-    assert jaxspec.generate(target, PROMPTS, draft=head, max_new_tokens=4).stats.gamma == 2
-    assert jaxspec.generate(target, PROMPTS, draft=head, gamma=3, max_new_tokens=4).stats.gamma == 3
+    kwargs = dict(max_new_tokens=30, temperature=0.0, eos_token_id=())  # the greedy test's: its γ = 4 loop is reused
+    assert jaxspec.generate(target, PROMPTS, draft=head, **kwargs).stats.gamma == 2
+    assert jaxspec.generate(target, PROMPTS, draft=head, gamma=4, **kwargs).stats.gamma == 4
 
 
 def test_engine_with_a_head_equals_plain(target, head):
