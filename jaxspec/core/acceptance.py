@@ -37,9 +37,10 @@ def _row_draws(key, draft_tokens, q, p):
     """What both chain rules draw and read first for one row: ``(u [γ], key_c, p_tok [γ], q_tok [γ])``, the
     uniforms that judge the drafts, the key of the correction (or bonus) draw, and ``p_i`` and ``q_i`` at each
     drafted token ``d_{i+1}``."""
+    gamma = draft_tokens.shape[0]
     key_u, key_c = jax.random.split(key)
-    u = jax.random.uniform(key_u, (draft_tokens.shape[0],), jnp.float32)
-    p_tok = jnp.take_along_axis(p[: draft_tokens.shape[0]], draft_tokens[:, None], axis=-1)[:, 0]
+    u = jax.random.uniform(key_u, (gamma,), jnp.float32)
+    p_tok = jnp.take_along_axis(p[:gamma], draft_tokens[:, None], axis=-1)[:, 0]
     q_tok = jnp.take_along_axis(q, draft_tokens[:, None], axis=-1)[:, 0]
     return u, key_c, p_tok, q_tok
 
