@@ -110,6 +110,29 @@ def decode_phase(t: dict) -> float | None:
     return (t["tokens"] - t["first_tokens"]) / (t["seconds"] - t["first_seconds"])
 
 
+def decision_record(policy: dict, call: int, warm_up: bool = False) -> dict:
+    """One auto call's decision as the run's JSON keeps it (``GenerateStats.policy``, cut to what explains the
+    choice): the call's index, whether it was the bucket's warm-up, the chosen γ (0: plain) or tree, whether it probed,
+    the policy's reason, the straggler factor, the estimated acceptance by position, and per candidate the round cost
+    (plain steps) and the expected speed-up, rounded to three places."""
+
+    def rounded(d):
+        return {str(k): round(float(x), 3) for k, x in (d or {}).items()}
+
+    return {
+        "call": call,
+        "warm_up": warm_up,
+        "gamma": policy.get("gamma", 0),
+        "tree": policy.get("tree"),
+        "probe": bool(policy.get("probe")),
+        "reason": policy.get("reason", ""),
+        "straggler": round(float(policy.get("straggler", 1.0)), 3),
+        "positions": [round(float(a), 3) for a in policy.get("position_acceptance", ())],
+        "round_cost": rounded(policy.get("round_cost")),
+        "expected_speedup": rounded(policy.get("expected_speedup")),
+    }
+
+
 def tree_of(mode: str) -> tuple[int, int, int]:
     """The shape of a ``tree:D,B,W`` (or ``tree:D,B,W~S``, ``draft-tree:D,B,W``) mode."""
     depth, branch, width = (int(x) for x in mode.split(":")[1].split("~")[0].split(","))
@@ -249,6 +272,7 @@ def run(args) -> dict:
                 for m in modes
             }
             choices: dict[str, dict[str, int]] = {m: {} for m in AUTO_MODES}
+            decisions: dict[str, list] = {m: [] for m in AUTO_MODES}  # every auto call's decision, in order
             last_decision: dict[str, dict] = {}  # the last call's decision per auto mode (its expected speed-ups)
             seen_buckets = set()
             for k, call in enumerate(calls):
@@ -264,6 +288,8 @@ def run(args) -> dict:
                             **base,
                             **_kwargs(m, draft, args.gamma, policies, head, head_gamma, head3),
                         ).stats
+                        if m in AUTO_MODES and s.policy:
+                            decisions[m].append(decision_record(s.policy, k, warm_up=True))
                         if m not in doc["first_compile_s"]:
                             doc["first_compile_s"][m] = {
                                 "compile_s": s.compile_time_s,
@@ -298,6 +324,7 @@ def run(args) -> dict:
                         key = f"tree {tuple(tree)}" if tree else ("plain" if g == 0 else f"γ={g}")
                         choices[m][key] = choices[m].get(key, 0) + 1
                         last_decision[m] = s.policy
+                        decisions[m].append(decision_record(s.policy, k))
                 timer.block(args.step_iters)
                 if timer3 is not None:
                     timer3.block(args.step_iters)
@@ -367,6 +394,7 @@ def run(args) -> dict:
                     row["decode_ratio"] = decode / plain_decode if plain_decode else None
                 if m in AUTO_MODES:
                     row["auto_choices"] = dict(choices[m])
+                    row["auto_calls"] = decisions[m]
                     if m in last_decision:
                         row["auto_last_decision"] = {
                             k: last_decision[m].get(k)

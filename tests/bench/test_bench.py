@@ -467,3 +467,25 @@ def test_humaneval_pools_acceptance_by_position_per_call():
     assert passed[2] / reached[2] == 0.5
     assert pooled_positions([[1, 2, 3], [0, 1, 1]]) == ([7 / 8, 4 / 7], [1, 3, 4])  # one γ: the sum is kept
     assert pooled_positions([[7]]) == ([], [7])  # plain decoding: no draft positions
+
+
+def test_humaneval_keeps_every_auto_decision(target, small_draft):
+    """The HumanEval run's per-call log of an auto mode keeps what decided it: the chosen γ, the reason, and per
+    candidate the round cost and expected speed-up, as the policy computed them."""
+    from jaxspec.bench.humaneval import decision_record
+    from jaxspec.policy import AutoGamma
+    from jaxspec.policy.cost import Costs
+
+    policy = AutoGamma(gammas=(1, 2), keep_costs=False)
+    policy.set_costs(target, small_draft, 4, 64, Costs(c=0.1, v={1: 1.1, 2: 1.2}, prefill=0.0, step_s=0.01))
+    policy.set_alpha(target, small_draft, True, 0.9)
+    chosen = decision_record(policy.decide(target, small_draft, 4, 64, 32, True).as_dict(), 7)
+    policy.set_alpha(target, small_draft, True, 0.05)
+    plain = decision_record(policy.decide(target, small_draft, 4, 64, 32, True).as_dict(), 8, warm_up=True)
+    assert json.loads(json.dumps([chosen, plain])) == [chosen, plain]
+    assert (chosen["call"], chosen["warm_up"], chosen["gamma"], chosen["tree"]) == (7, False, 2, None)
+    assert (plain["call"], plain["warm_up"], plain["gamma"]) == (8, True, 0)
+    assert plain["reason"].startswith("plain") and "γ=2 expected" in chosen["reason"]
+    # rounds of γc + v steps; 0.9 at every position blended with the prior (0.6 over 20 drafts): 9012 / 10020
+    assert chosen["round_cost"] == {"1": 1.2, "2": 1.4} and chosen["positions"] == [0.899, 0.899]
+    assert chosen["expected_speedup"]["2"] > chosen["expected_speedup"]["1"] > 1 > plain["expected_speedup"]["2"]
