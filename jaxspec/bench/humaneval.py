@@ -113,8 +113,8 @@ def decode_phase(t: dict) -> float | None:
 def decision_record(policy: dict, call: int, warm_up: bool = False) -> dict:
     """One auto call's decision as the run's JSON keeps it (``GenerateStats.policy``, cut to what explains the
     choice): the call's index, whether it was the bucket's warm-up, the chosen γ (0: plain) or tree, whether it probed,
-    the policy's reason, the straggler factor, the estimated acceptance by position, and per candidate the round cost
-    (plain steps) and the expected speed-up, rounded to three places."""
+    the policy's reason, the straggler factor, the estimated acceptance by position, the calibrated c, and per
+    candidate v, the round cost (plain steps) and the expected speed-up, rounded to three places."""
 
     def rounded(d):
         return {str(k): round(float(x), 3) for k, x in (d or {}).items()}
@@ -128,6 +128,8 @@ def decision_record(policy: dict, call: int, warm_up: bool = False) -> dict:
         "reason": policy.get("reason", ""),
         "straggler": round(float(policy.get("straggler", 1.0)), 3),
         "positions": [round(float(a), 3) for a in policy.get("position_acceptance", ())],
+        "c": round(float(policy.get("c", 0.0)), 3),
+        "v": rounded(policy.get("v")),
         "round_cost": rounded(policy.get("round_cost")),
         "expected_speedup": rounded(policy.get("expected_speedup")),
     }

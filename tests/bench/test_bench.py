@@ -488,4 +488,5 @@ def test_humaneval_keeps_every_auto_decision(target, small_draft):
     assert plain["reason"].startswith("plain") and "γ=2 expected" in chosen["reason"]
     # rounds of γc + v steps; 0.9 at every position blended with the prior (0.6 over 20 drafts): 9012 / 10020
     assert chosen["round_cost"] == {"1": 1.2, "2": 1.4} and chosen["positions"] == [0.899, 0.899]
+    assert (chosen["c"], chosen["v"]) == (0.1, {"1": 1.1, "2": 1.2})
     assert chosen["expected_speedup"]["2"] > chosen["expected_speedup"]["1"] > 1 > plain["expected_speedup"]["2"]
