@@ -272,17 +272,24 @@ def _run_notebook(path: Path, monkeypatch) -> None:
     assert "α" in printed and "backend" in printed, printed[-3000:]
 
 
+# LLVM's O1 instead of XLA's default O2 for the examples' programs: on SmolLM2 they compile about a fifth faster and
+# decode as fast (two prompts of 64 tokens, plain and with the head: docs/history/test-suite.md).
+EXAMPLES_XLA_FLAGS = "--xla_backend_optimization_level=1"
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_python_examples_run_as_written(tmp_path):
-    """``run_all_pages`` in a process of its own, with XLA's default settings rather than the suite's cheapest
-    (tests/conftest.py): these examples decode the real model for hundreds of tokens, which unoptimised programs run
-    3x slower than they compile faster; and with its layers stacked (``$JAXSPEC_LAYERS``), a third of the compile
-    time at the same decoding speed on the optimised programs (that the split layout computes the same model is
-    tests/models/test_families.py's). Eight simulated CPU devices, as the suite has, for the sharding examples."""
+    """``run_all_pages`` in a process of its own, with optimised programs (``EXAMPLES_XLA_FLAGS``) rather than the
+    suite's cheapest (tests/conftest.py): these examples decode the real model for hundreds of tokens, which
+    unoptimised programs run 3x slower than they compile faster; and with its layers stacked (``$JAXSPEC_LAYERS``),
+    a third of the compile time at the same decoding speed on the optimised programs (that the split layout computes
+    the same model is tests/models/test_families.py's). Eight simulated CPU devices, as the suite has, for the
+    sharding examples."""
     flags = os.environ.get("XLA_FLAGS", "")
     for flag in TEST_XLA_FLAGS.split():
         flags = flags.replace(flag, "")
+    flags += f" {EXAMPLES_XLA_FLAGS}"
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAXSPEC_LAYERS="stacked")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     code = (
