@@ -114,7 +114,8 @@ def decision_record(policy: dict, call: int, warm_up: bool = False) -> dict:
     """One auto call's decision as the run's JSON keeps it (``GenerateStats.policy``, cut to what explains the
     choice): the call's index, whether it was the bucket's warm-up, the chosen γ (0: plain) or tree, whether it probed,
     the policy's reason, the straggler factor, the estimated acceptance by position, the calibrated c, and per
-    candidate v, the round cost (plain steps) and the expected speed-up, rounded to three places."""
+    candidate v, the expected tokens per round, the round cost (plain steps) and the expected speed-up, rounded to
+    three places."""
 
     def rounded(d):
         return {str(k): round(float(x), 3) for k, x in (d or {}).items()}
@@ -130,9 +131,20 @@ def decision_record(policy: dict, call: int, warm_up: bool = False) -> dict:
         "positions": [round(float(a), 3) for a in policy.get("position_acceptance", ())],
         "c": round(float(policy.get("c", 0.0)), 3),
         "v": rounded(policy.get("v")),
+        "tau": rounded(policy.get("tau")),
         "round_cost": rounded(policy.get("round_cost")),
         "expected_speedup": rounded(policy.get("expected_speedup")),
     }
+
+
+def auto_choices(records) -> dict[str, int]:
+    """How often each choice was made in ``records`` (``decision_record``s): ``plain``, ``γ=G`` or
+    ``tree (D, B, W)`` -> calls."""
+    labels = [
+        f"tree {tuple(r['tree'])}" if r["tree"] else ("plain" if r["gamma"] == 0 else f"γ={r['gamma']}")
+        for r in records
+    ]
+    return {label: labels.count(label) for label in dict.fromkeys(labels)}
 
 
 def tree_of(mode: str) -> tuple[int, int, int]:
@@ -273,9 +285,7 @@ def run(args) -> dict:
                 m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hists=[], **FIRST)
                 for m in modes
             }
-            choices: dict[str, dict[str, int]] = {m: {} for m in AUTO_MODES}
             decisions: dict[str, list] = {m: [] for m in AUTO_MODES}  # every auto call's decision, in order
-            last_decision: dict[str, dict] = {}  # the last call's decision per auto mode (its expected speed-ups)
             seen_buckets = set()
             for k, call in enumerate(calls):
                 bucket = (len(call), bucket_cache(max(map(len, call)) + args.max_new_tokens))
@@ -322,10 +332,6 @@ def run(args) -> dict:
                     t["row_steps"] += s.target_passes
                     t["hists"].append(list(s.accept_hist or ()))
                     if m in AUTO_MODES and s.policy:
-                        tree, g = s.policy.get("tree"), s.policy.get("gamma", 0)
-                        key = f"tree {tuple(tree)}" if tree else ("plain" if g == 0 else f"γ={g}")
-                        choices[m][key] = choices[m].get(key, 0) + 1
-                        last_decision[m] = s.policy
                         decisions[m].append(decision_record(s.policy, k))
                 timer.block(args.step_iters)
                 if timer3 is not None:
@@ -394,18 +400,20 @@ def run(args) -> dict:
                     row["ttft_s"] = t["first_seconds"] / t["first_calls"]
                     row["decode_tok_s"] = decode
                     row["decode_ratio"] = decode / plain_decode if plain_decode else None
+                choices: dict[str, int] = {}
                 if m in AUTO_MODES:
-                    row["auto_choices"] = dict(choices[m])
+                    timed = [d for d in decisions[m] if not d["warm_up"]]
+                    choices = auto_choices(timed)
+                    row["auto_choices"] = choices
                     row["auto_calls"] = decisions[m]
-                    if m in last_decision:
+                    if timed:
                         row["auto_last_decision"] = {
-                            k: last_decision[m].get(k)
-                            for k in ("gamma", "tree", "tau", "round_cost", "expected_speedup")
+                            k: timed[-1][k] for k in ("gamma", "tree", "tau", "round_cost", "expected_speedup")
                         }
                 doc["rows"].append(row)
                 a = "-" if alpha is None else f"{alpha:.3f}"
                 b = "-" if bound is None else f"{bound:.2f}"
-                picked = ", ".join(f"{k} ×{n}" for k, n in sorted(choices.get(m, {}).items()))
+                picked = ", ".join(f"{k} ×{n}" for k, n in sorted(choices.items()))
                 extra = f"  (chose {picked})" if m in AUTO_MODES else ""
                 print(
                     f"{temp:>6g} | {batch:>5} | {m:>10} | {a:>5} | {tau:>5.2f} | {tps:>6.1f} | "

@@ -472,7 +472,7 @@ def test_humaneval_pools_acceptance_by_position_per_call():
 def test_humaneval_keeps_every_auto_decision(target, small_draft):
     """The HumanEval run's per-call log of an auto mode keeps what decided it: the chosen γ, the reason, and per
     candidate the round cost and expected speed-up, as the policy computed them."""
-    from jaxspec.bench.humaneval import decision_record
+    from jaxspec.bench.humaneval import auto_choices, decision_record
     from jaxspec.policy import AutoGamma
     from jaxspec.policy.cost import Costs
 
@@ -490,3 +490,6 @@ def test_humaneval_keeps_every_auto_decision(target, small_draft):
     assert chosen["round_cost"] == {"1": 1.2, "2": 1.4} and chosen["positions"] == [0.899, 0.899]
     assert (chosen["c"], chosen["v"]) == (0.1, {"1": 1.1, "2": 1.2})
     assert chosen["expected_speedup"]["2"] > chosen["expected_speedup"]["1"] > 1 > plain["expected_speedup"]["2"]
+    assert chosen["tau"] == {"1": 1.899, "2": 2.708}  # 1 + a, 1 + a + a²
+    tree = dict(chosen, gamma=3, tree=[3, 2, 4])
+    assert auto_choices([chosen, plain, chosen, tree]) == {"γ=2": 2, "plain": 1, "tree (3, 2, 4)": 1}
