@@ -17,17 +17,15 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
-import os
 import re
 import shlex
-import subprocess
 import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, TEST_XLA_FLAGS
+from helpers import ROOT, run_optimised
 
 PAGES = sorted(
     [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")],
@@ -227,10 +225,11 @@ def _shared_loads(monkeypatch) -> None:
         monkeypatch.setattr(owner, "load", load)
 
 
-def run_all_pages(work: Path) -> None:
+def run_all_pages(work: Path | str) -> None:
     """Every page in one process, each in its own namespace and directory under ``work``: pages that run the same
     model at the same shapes share its compiled programs, and loads and blocks that repeat an earlier page's share
     its result (``_shared_loads``, ``_run_page``), as a user's session would."""
+    work = Path(work)
     with pytest.MonkeyPatch.context() as monkeypatch:
         _shared_loads(monkeypatch)
         ran: dict = {}
@@ -272,37 +271,13 @@ def _run_notebook(path: Path, monkeypatch) -> None:
     assert "α" in printed and "backend" in printed, printed[-3000:]
 
 
-# LLVM's O1 instead of XLA's default O2 for the examples' programs: on SmolLM2 they compile about a fifth faster and
-# decode as fast (two prompts of 64 tokens, plain and with the head: docs/history/test-suite.md).
-EXAMPLES_XLA_FLAGS = "--xla_backend_optimization_level=1"
-
-
 @pytest.mark.real
 @pytest.mark.slow
 def test_python_examples_run_as_written(tmp_path):
-    """``run_all_pages`` in a process of its own, with optimised programs (``EXAMPLES_XLA_FLAGS``) rather than the
-    suite's cheapest (tests/conftest.py): these examples decode the real model for hundreds of tokens, which
-    unoptimised programs run 3x slower than they compile faster; and with its layers stacked (``$JAXSPEC_LAYERS``),
-    a third of the compile time at the same decoding speed on the optimised programs (that the split layout computes
-    the same model is tests/models/test_families.py's). Eight simulated CPU devices, as the suite has, for the
-    sharding examples."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    for flag in TEST_XLA_FLAGS.split():
-        flags = flags.replace(flag, "")
-    flags += f" {EXAMPLES_XLA_FLAGS}"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAXSPEC_LAYERS="stacked")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    code = (
-        "import sys, jax; jax.config.update('jax_num_cpu_devices', 8); from pathlib import Path; "
-        "sys.path.insert(0, sys.argv[1]); import test_examples; test_examples.run_all_pages(Path(sys.argv[2]))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    """``run_all_pages`` in a process of its own with optimised programs (``helpers.run_optimised``) rather than the
+    suite's cheapest (tests/conftest.py): these examples decode the real model for hundreds of tokens. Eight
+    simulated CPU devices, as the suite has, for the sharding examples."""
+    done = run_optimised(Path(__file__).parent, "test_examples", "run_all_pages", str(tmp_path))
     assert done.returncode == 0, done.stderr[-6000:]
 
 
