@@ -23,8 +23,8 @@ plainly when no γ is expected to beat plain decoding by ``margin`` (default 1.0
     one before). Every decision multiplies the counts by 0.5 ** (1 / ``half_life``) (8 calls by default), so the
     estimate follows a changing workload and the prior regains weight;
   * per mode and batch bucket, a ``BatchState``: the straggler factor s = passes × τ ÷ (longest row's tokens),
-    summed over earlier calls (τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call), and the run of
-    plain decisions.
+    summed over earlier calls (τ = all tokens ÷ all row-rounds; 1 at batch 1 and before any call) with a prior of
+    ``STRAGGLER_PRIOR`` calls at 1, and the run of plain decisions.
 
 Probing. The prior is a guess, not a measurement: a call for a pair whose acceptance was never measured (greedy and
 sampled apart) *probes* (``Decision.probe``) with the drafter's own ``default_gamma`` (the γ its maker measured
@@ -35,7 +35,9 @@ every smaller γ's estimate then uses, while a larger γ's deeper positions only
 the next calls keep the probe's γ unless another is clearly faster (below).
 After ``explore_after`` plain decisions in a row (8), a probe the same way measures the acceptance again; a probe
 that does not bring speculation back doubles the wait before the next one (8, 16, 32, ... calls). A batch bucket
-where even the optimistic acceptance cannot pay never probes.
+where even the optimistic acceptance cannot pay never probes. A γ whose loop ran at the call's shapes only in calls
+that compiled it (so its rounds were never recorded) is probed too, instead of a plain decision, while its estimate
+from standalone steps is at least ``MEASURE_REACH``: that estimate can be some 15 % off, and the run compiles nothing.
 
 The margin. Speculation is chosen when its expected speed-up is at least ``margin``. Below it, plain decoding gives
 up at most a factor ``margin`` against a γ whose estimate is right, and above it a γ whose costs or acceptance were
@@ -103,6 +105,17 @@ SWITCH_GAIN = 1.02
 # Between calls, the last call's γ stays unless another is expected this much faster: estimates move by a few per cent
 # from call to call (the margin's 5 %), and each γ's first call compiles its loop.
 KEEP_GAIN = 1.05
+# The straggler factor's prior: s = 1 (rows finish together) weighing this many calls, so the factor measured over
+# n calls counts n / (n + STRAGGLER_PRIOR) of its excess over 1. One batch is a noisy measure of it (SmolLM2's head at
+# γ = 3 on the first 40 HumanEval problems in batches of 4: 1.31 for the first batch, 1.04–1.22 for the others, 1.14
+# pooled), and plain decisions measure none, so a high first figure would otherwise stand; leaning towards
+# speculation costs little, since speculative calls measure the factor.
+STRAGGLER_PRIOR = 2.0
+# A γ whose loop ran at these shapes but whose rounds were never recorded (its runs compiled their programs) is run
+# again rather than passed over for plain decoding while its expected speed-up is at least this: its estimate comes
+# from standalone steps, which put SmolLM2's round at γ = 3, batch 4, 15 % above what its loop then took (2.14 against
+# 1.86 plain steps), and the run costs no compile.
+MEASURE_REACH = 0.9
 
 
 @dataclasses.dataclass
@@ -164,6 +177,7 @@ class BatchState:
     Attributes:
       passes_tau: Σ over observed calls of (the loop's verify passes × τ), τ = tokens ÷ row-rounds.
       longest_tokens: Σ over the same calls of the longest row's generated tokens.
+      calls: the calls observed.
       plain_streak: plain decisions in a row since the last speculative (or probing) one.
       probe_wait: plain decisions in a row after which to probe (doubles after each probe; None: never probe).
       last_gamma: the γ the last call decided (0: plain decoding), or its tree shape.
@@ -171,13 +185,18 @@ class BatchState:
 
     passes_tau: float = 0.0
     longest_tokens: int = 0
+    calls: int = 0
     plain_streak: int = 0
     probe_wait: int | None = None
     last_gamma: int | tuple = 0
 
     def straggler(self) -> float:
-        """Rounds a batch needs ÷ the mean row's rounds: passes_tau ÷ longest_tokens, at least 1 (1 before any)."""
-        return max(1.0, self.passes_tau / self.longest_tokens) if self.longest_tokens else 1.0
+        """Rounds a batch needs ÷ the mean row's rounds: passes_tau ÷ longest_tokens, at least 1, with the prior of
+        ``STRAGGLER_PRIOR`` calls at 1 (so 1 before any call)."""
+        if not self.longest_tokens:
+            return 1.0
+        measured = max(1.0, self.passes_tau / self.longest_tokens)
+        return 1.0 + (measured - 1.0) * self.calls / (self.calls + STRAGGLER_PRIOR)
 
 
 def _plan(gamma):
@@ -483,6 +502,7 @@ class AutoGamma:
             state = self._batch(target, draft, greedy, batch)
             state.passes_tau += passes * tau
             state.longest_tokens += max(row_tokens)
+            state.calls += 1
         key = self._pair(target, draft, greedy) if tree is None else (*self._pair(target, draft, greedy), tuple(tree))
         self._acceptance.setdefault(key, Acceptance()).add(accepted, drafted, accept_hist)
 
@@ -606,7 +626,20 @@ class AutoGamma:
             state = self._batch(target, draft, greedy, batch)
             reason, chosen = plain, 0
             wait = cast(int, state.probe_wait)  # an int while explore_after is one (it starts as explore_after)
-            if self.explore_after is not None and (not measured or state.plain_streak >= wait):
+            shapes = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+            untimed = [  # ran here, rounds never recorded (their runs compiled), and close enough to pay
+                g
+                for g in self.gammas
+                if g not in observed and self._unreferenced.get((shapes, g), 0) and gains[g] >= MEASURE_REACH
+            ]
+            if self.explore_after is not None and measured and untimed:
+                chosen, probe = max(untimed, key=lambda g: gains[g]), True
+                reason = (
+                    f"probe: γ={chosen} expected {gains[chosen]:.2f}× plain from standalone steps; its loop ran at "
+                    f"these shapes without its rounds timed (a first run): timing them ({plain})"
+                )
+                state.plain_streak = 0
+            elif self.explore_after is not None and (not measured or state.plain_streak >= wait):
                 hopeful = speedups(tuple(max(a, self.probe_alpha) for a in positions))
                 hope = max(hopeful.values())
                 if hope >= self.margin:  # speculation could pay: measure the acceptance now

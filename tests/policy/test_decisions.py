@@ -215,6 +215,68 @@ def test_a_gamma_whose_loop_ran_replaces_the_last_one_at_a_smaller_gain(target):
     assert kept.expected_speedup == pytest.approx(moved.expected_speedup)
 
 
+# Standalone steps put a round of γ = 3 at 3 × 0.08 + 2.3 = 2.54 plain steps; at acceptance 0.7 (τ 2.533) 1.00×
+UNTIMED = Costs(c=0.08, v={3: 2.3}, prefill=0.0, step_s=0.01)
+
+
+def test_a_gamma_whose_loop_ran_untimed_is_timed_before_plain_is_chosen(target, small_draft):
+    """The estimate from standalone steps (1.00×) would choose plain decoding; γ = 3's loop already ran at these
+    shapes, but only in a call that compiled it (not recorded), so the next call runs it again to time its rounds
+    (a probe), and the measured round of 1.86 steps (SmolLM2's head at batch 4 took that where its standalone steps
+    said 2.14) makes γ = 3 the choice. Negative controls: without that run, plain (no loop is compiled on the
+    estimate's word); an estimate under ``MEASURE_REACH`` (a round of 3.24 steps: 0.78×), plain; a measured round
+    as slow as the estimate, plain with no second probe; ``explore_after=None``, plain."""
+
+    def policy_with(costs=UNTIMED, ran: bool = True, **kw) -> AutoGamma:
+        p = AutoGamma(gammas=(3,), keep_costs=False, half_life=None, **kw)
+        p.set_costs(target, small_draft, 4, 64, costs)
+        p.set_alpha(target, small_draft, True, 0.7)
+        if ran:  # a probe's call that compiled the loop: nothing recorded
+            assert not p.observe_call(target, small_draft, 4, 64, 3, rounds=(0.6, 30), fresh=True)
+        return p
+
+    policy = policy_with()
+    timing = policy.decide(target, small_draft, 4, 64, 64, True)
+    assert timing.expected_speedup[3] == pytest.approx(2.533 / 2.54, abs=1e-3)
+    assert timing.gamma == 3 and timing.probe and "timing them" in timing.reason
+    assert policy.observe_call(target, small_draft, 4, 64, 3, rounds=(30 * 0.0186, 30))
+    after = policy.decide(target, small_draft, 4, 64, 64, True)
+    assert after.gamma == 3 and not after.probe and after.round_cost[3] == pytest.approx(1.86)
+
+    assert policy_with(ran=False).decide(target, small_draft, 4, 64, 64, True).gamma == 0
+    dear = policy_with(dataclasses.replace(UNTIMED, v={3: 3.0})).decide(target, small_draft, 4, 64, 64, True)
+    assert dear.gamma == 0 and dear.expected_speedup[3] < auto_lib.MEASURE_REACH
+    slow = policy_with()
+    assert slow.decide(target, small_draft, 4, 64, 64, True).probe
+    assert slow.observe_call(target, small_draft, 4, 64, 3, rounds=(30 * 0.0254, 30))
+    assert [slow.decide(target, small_draft, 4, 64, 64, True).gamma for _ in range(3)] == [0, 0, 0]
+    assert policy_with(explore_after=None).decide(target, small_draft, 4, 64, 64, True).gamma == 0
+
+
+def test_one_slow_first_batch_does_not_send_a_paying_gamma_to_plain(target, small_draft, monkeypatch):
+    """The first batch of four HumanEval problems took 33 passes where its rows' mean needed 25.25 rounds (straggler
+    1.31; ten such batches pooled 1.14). With the prior of ``STRAGGLER_PRIOR`` calls at 1 the factor counts a third
+    of that excess (1.10), and γ = 3 (a measured round of 1.86 steps, τ 2.533) stays the choice at 1.24×. Negative
+    control: without the prior the one batch's 1.31 puts it at 1.04×, below the margin: plain, which measures no
+    straggling to correct it."""
+
+    def decide():
+        p = AutoGamma(gammas=(3,), keep_costs=False, half_life=None)
+        p.set_costs(target, small_draft, 4, 64, UNTIMED)
+        p.set_alpha(target, small_draft, True, 0.7)
+        p.observe_rounds(target, small_draft, 4, 64, 3, 30 * 0.0186, 30)
+        rows = dict(batch=4, passes=33, row_tokens=[64] * 4, row_rounds=[26, 33, 22, 20])
+        p.observe(target, small_draft, True, accepted=0, drafted=0, **rows)
+        return p.decide(target, small_draft, 4, 64, 64, True)
+
+    kept = decide()
+    assert kept.straggler == pytest.approx(1 + (33 * 256 / 101 / 64 - 1) / 3)
+    assert kept.gamma == 3 and kept.expected_speedup[3] == pytest.approx(1.236, abs=1e-3)
+    monkeypatch.setattr(auto_lib, "STRAGGLER_PRIOR", 0.0)
+    raw = decide()
+    assert raw.straggler == pytest.approx(1.307, abs=1e-3) and raw.gamma == 0
+
+
 # A chain measured at 0.6 per position (1000 rounds of γ = 2): τ 1.96
 CHAIN_HIST = (400, 240, 360)
 TREE = (3, 2, 3)  # 2 + 2 × 3 = 8 nodes
