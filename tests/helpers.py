@@ -4,6 +4,9 @@ decoding."""
 
 import contextlib
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -38,10 +41,6 @@ def run_optimised(directory: Path, module: str, call: str, *args: str, timeout: 
     eight simulated CPU devices, as the suite has. For the tests that decode the real model: unoptimised, its
     programs run 3 to 4 times slower than they compile faster. Returns the finished ``subprocess.CompletedProcess``
     (output captured as text)."""
-    import os
-    import subprocess
-    import sys
-
     flags = os.environ.get("XLA_FLAGS", "")
     for flag in TEST_XLA_FLAGS.split():
         flags = flags.replace(flag, "")
