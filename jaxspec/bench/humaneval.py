@@ -137,6 +137,20 @@ def decision_record(policy: dict, call: int, warm_up: bool = False) -> dict:
     }
 
 
+def call_record(stats, call: int) -> dict:
+    """One timed call of a mode as the run's JSON keeps it, so modes can be compared call by call: its index, its
+    seconds (compilation excluded, as in the totals), the tokens it generated, its target passes (the slowest row's
+    rounds), the accepted drafts and the seconds it spent compiling."""
+    return {
+        "call": call,
+        "seconds": round(float(stats.wall_time_s), 4),
+        "tokens": int(stats.generated_tokens),
+        "passes": int(stats.target_passes),
+        "accepted": int(stats.accepted),
+        "compile_s": round(float(stats.compile_time_s), 3),
+    }
+
+
 def auto_choices(records) -> dict[str, int]:
     """How often each choice was made in ``records`` (``decision_record``s): ``plain``, ``γ=G`` or
     ``tree (D, B, W)`` -> calls."""
@@ -282,7 +296,9 @@ def run(args) -> dict:
             if len(rules) == 1:
                 base["acceptance"] = ACCEPTANCE[rules[0]]
             totals: dict[str, dict[str, Any]] = {
-                m: dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hists=[], **FIRST)
+                m: dict(
+                    tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, row_steps=0, hists=[], calls=[], **FIRST
+                )
                 for m in modes
             }
             decisions: dict[str, list] = {m: [] for m in AUTO_MODES}  # every auto call's decision, in order
@@ -331,6 +347,7 @@ def run(args) -> dict:
                     t["rounds"] += s.rounds
                     t["row_steps"] += s.target_passes
                     t["hists"].append(list(s.accept_hist or ()))
+                    t["calls"].append(call_record(s, k))
                     if m in AUTO_MODES and s.policy:
                         decisions[m].append(decision_record(s.policy, k))
                 timer.block(args.step_iters)
@@ -394,6 +411,7 @@ def run(args) -> dict:
                     "bound_alpha_formula": bound_alpha,
                     "tokens": t["tokens"],
                     "seconds": t["seconds"],
+                    "calls": t["calls"],
                 }
                 decode = decode_phase(t)
                 if decode is not None:

@@ -469,6 +469,20 @@ def test_humaneval_pools_acceptance_by_position_per_call():
     assert pooled_positions([[7]]) == ([], [7])  # plain decoding: no draft positions
 
 
+def test_humaneval_keeps_every_call_of_a_mode():
+    """The HumanEval run's per-call log (each mode's ``calls``), which lets modes be compared call by call: the
+    call's seconds, tokens and accepted drafts as its stats give them, and its target passes the slowest row's
+    rounds (not the rows' sum), in JSON."""
+    from jaxspec.bench.humaneval import call_record
+    from jaxspec.generation.results import RowStats, Stats
+
+    rows = (RowStats(64, 20, 60, 44, (1, 5, 14)), RowStats(40, 26, 78, 14, (14, 10, 2)))
+    stats = Stats(104, 46, 138, 58, (15, 15, 16), rows=rows, wall_time_s=1.23456, compile_time_s=0.5)
+    record = call_record(stats, 3)
+    assert record == {"call": 3, "seconds": 1.2346, "tokens": 104, "passes": 26, "accepted": 58, "compile_s": 0.5}
+    assert json.loads(json.dumps(record)) == record
+
+
 def test_humaneval_keeps_every_auto_decision(target, small_draft):
     """The HumanEval run's per-call log of an auto mode keeps what decided it: the chosen γ, the reason, and per
     candidate the round cost and expected speed-up, as the policy computed them."""
