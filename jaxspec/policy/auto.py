@@ -35,8 +35,8 @@ every smaller γ's estimate then uses, while a larger γ's deeper positions only
 the next calls keep the probe's γ unless another is clearly faster (below).
 After ``explore_after`` plain decisions in a row (8), a probe the same way measures the acceptance again; a probe
 that does not bring speculation back doubles the wait before the next one (8, 16, 32, ... calls). A batch bucket
-where even the optimistic acceptance cannot pay never probes. A γ whose loop ran at the call's shapes only in calls
-that compiled it (so its rounds were never recorded) is probed too, instead of a plain decision, while its estimate
+where even the optimistic acceptance cannot pay never probes. A γ whose loop ran at the call's shapes once, in a call
+that compiled it (so its rounds were not recorded), is probed too, instead of a plain decision, while its estimate
 from standalone steps is at least ``MEASURE_REACH``: that estimate can be some 15 % off, and the run compiles nothing.
 
 The margin. Speculation is chosen when its expected speed-up is at least ``margin``. Below it, plain decoding gives
@@ -111,10 +111,10 @@ KEEP_GAIN = 1.05
 # pooled), and plain decisions measure none, so a high first figure would otherwise stand; leaning towards
 # speculation costs little, since speculative calls measure the factor.
 STRAGGLER_PRIOR = 2.0
-# A γ whose loop ran at these shapes but whose rounds were never recorded (its runs compiled their programs) is run
-# again rather than passed over for plain decoding while its expected speed-up is at least this: its estimate comes
-# from standalone steps, which put SmolLM2's round at γ = 3, batch 4, 15 % above what its loop then took (2.14 against
-# 1.86 plain steps), and the run costs no compile.
+# A γ whose loop ran at these shapes once, in a call that compiled it (so its rounds were not recorded), is run again
+# rather than passed over for plain decoding while its expected speed-up is at least this: its estimate comes from
+# standalone steps, which put SmolLM2's round at γ = 3, batch 4, 15 % above what its loop then took (2.14 against 1.86
+# plain steps), and the run costs no compile.
 MEASURE_REACH = 0.9
 
 
@@ -627,10 +627,11 @@ class AutoGamma:
             reason, chosen = plain, 0
             wait = cast(int, state.probe_wait)  # an int while explore_after is one (it starts as explore_after)
             shapes = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
-            untimed = [  # ran here, rounds never recorded (their runs compiled), and close enough to pay
+            untimed = [  # ran here once, compiling (its rounds unrecorded), and close enough to pay; a γ that
+                # compiled twice had its programs released in between, and a timing run would compile a third time
                 g
                 for g in self.gammas
-                if g not in observed and self._unreferenced.get((shapes, g), 0) and gains[g] >= MEASURE_REACH
+                if g not in observed and self._unreferenced.get((shapes, g), 0) == 1 and gains[g] >= MEASURE_REACH
             ]
             if self.explore_after is not None and measured and untimed:
                 chosen, probe = max(untimed, key=lambda g: gains[g]), True

@@ -225,7 +225,8 @@ def test_a_gamma_whose_loop_ran_untimed_is_timed_before_plain_is_chosen(target, 
     (a probe), and the measured round of 1.86 steps (SmolLM2's head at batch 4 took that where its standalone steps
     said 2.14) makes γ = 3 the choice. Negative controls: without that run, plain (no loop is compiled on the
     estimate's word); an estimate under ``MEASURE_REACH`` (a round of 3.24 steps: 0.78×), plain; a measured round
-    as slow as the estimate, plain with no second probe; ``explore_after=None``, plain."""
+    as slow as the estimate, plain with no second probe; ``explore_after=None``, plain; a loop that compiled twice
+    (released in between), plain."""
 
     def policy_with(costs=UNTIMED, ran: bool = True, **kw) -> AutoGamma:
         p = AutoGamma(gammas=(3,), keep_costs=False, half_life=None, **kw)
@@ -251,6 +252,9 @@ def test_a_gamma_whose_loop_ran_untimed_is_timed_before_plain_is_chosen(target, 
     assert slow.observe_call(target, small_draft, 4, 64, 3, rounds=(30 * 0.0254, 30))
     assert [slow.decide(target, small_draft, 4, 64, 64, True).gamma for _ in range(3)] == [0, 0, 0]
     assert policy_with(explore_after=None).decide(target, small_draft, 4, 64, 64, True).gamma == 0
+    twice = policy_with()  # compiled twice (its programs released in between): no third compile for a timing run
+    twice.observe_call(target, small_draft, 4, 64, 3, rounds=(0.6, 30), fresh=True)
+    assert twice.decide(target, small_draft, 4, 64, 64, True).gamma == 0
 
 
 def test_one_slow_first_batch_does_not_send_a_paying_gamma_to_plain(target, small_draft, monkeypatch):
