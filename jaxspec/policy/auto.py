@@ -219,6 +219,11 @@ def _model_key(model):
     return (model.name, model.apply_fn, id(leaves[0]) if leaves else 0)
 
 
+def _shapes_key(target, draft, batch: int, cache_len: int, mesh_key) -> tuple:
+    """The key of what is measured per (target, drafter, batch, cache length, mesh): costs, rounds, prefills."""
+    return (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+
+
 class AutoGamma:
     """The ``gamma="auto"`` policy: a cost cache and running acceptance estimates (see the module docstring; one
     instance per process is enough: ``jaxspec.policy.DEFAULT``).
@@ -294,7 +299,7 @@ class AutoGamma:
         """Measured once per key and cached (``timing.measure_costs``). ``round_timer(gammas)``: seconds per in-loop
         round for each γ (γ = 0: the plain step), as ``generate`` builds it; used with ``calibrate="loops"``
         only."""
-        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        key = _shapes_key(target, draft, batch, cache_len, mesh_key)
         if key not in self._costs:
             path = self.cost_path(target, draft, batch, cache_len, mesh_key)
             costs = None if path is None else store.load(path, self.gammas)
@@ -313,7 +318,7 @@ class AutoGamma:
 
     def reference_seconds(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> float:
         """The load reference of these costs timed now (``timing.Reference``)."""
-        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        key = _shapes_key(target, draft, batch, cache_len, mesh_key)
         if key not in self._references:
             self._references[key] = timing.Reference(target, batch, cache_len)
         return self._references[key].time()
@@ -324,7 +329,7 @@ class AutoGamma:
         ``REFERENCE_EVERY``-th call (a round's cost relative to a plain step barely changes, so a few calls fix it
         and the later ones only follow a slow drift). Costs without a reference (``set_costs``) record every call
         unscaled. ``gamma``: a γ, or a tree shape."""
-        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        key = _shapes_key(target, draft, batch, cache_len, mesh_key)
         costs = self._costs.get(key)
         if costs is None:
             return False
@@ -353,7 +358,7 @@ class AutoGamma:
         Otherwise, when ``wants_reference``, the load reference is timed now and both timings are recorded scaled
         by it (``observe_prefill``, ``observe_rounds``). ``gamma``: the loop's γ, or its tree shape. Returns whether
         they were recorded."""
-        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        key = _shapes_key(target, draft, batch, cache_len, mesh_key)
         plan = _plan(gamma)
         if fresh or not self.wants_reference(target, draft, batch, cache_len, plan, mesh_key):
             self._unreferenced[(key, plan)] = self._unreferenced.get((key, plan), 0) + 1
@@ -400,7 +405,7 @@ class AutoGamma:
         compilation and prefill excluded) at these shapes, while the load reference took ``reference_s`` (None: as
         measured); later decisions take r(γ) from the median of the last ``KEEP`` calls of γ."""
         if rounds > 0 and seconds > 0:
-            key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+            key = _shapes_key(target, draft, batch, cache_len, mesh_key)
             kept = self._rounds.setdefault(key, {}).setdefault(_plan(gamma), collections.deque(maxlen=KEEP))
             kept.append(seconds / rounds * self._scale(key, reference_s))
 
@@ -422,7 +427,7 @@ class AutoGamma:
         is taken off) while the load reference took ``reference_s`` (None: as measured). Later decisions at these
         shapes take the target's prefill from the median of these calls instead of the estimate ``measure_costs``
         extrapolated from the target's passes."""
-        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        key = _shapes_key(target, draft, batch, cache_len, mesh_key)
         costs = self._costs.get(key)
         if costs is None or not costs.step_s or prompt_tokens <= 0:
             return
@@ -435,18 +440,18 @@ class AutoGamma:
     def observed_prefill(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> float | None:
         """Seconds of the target's prefill per (padded) prompt token, the median over the last ``KEEP`` calls at
         these shapes (``observe_prefill``); None before any."""
-        seen = self._prefills.get((_model_key(target), _model_key(draft), batch, cache_len, mesh_key))
+        seen = self._prefills.get(_shapes_key(target, draft, batch, cache_len, mesh_key))
         return statistics.median_low(seen) if seen else None
 
     def observed_rounds(self, target, draft, batch: int, cache_len: int, mesh_key=None) -> dict:
         """γ -> seconds per round of the calls' own loops at these shapes (``observe_rounds``): the low median of the
         last ``KEEP`` calls of each γ, so one call slowed by a burst of other work does not move it."""
-        key = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+        key = _shapes_key(target, draft, batch, cache_len, mesh_key)
         return {g: statistics.median_low(kept) for g, kept in self._rounds.get(key, {}).items() if kept}
 
     def set_costs(self, target, draft, batch: int, cache_len: int, costs: Costs, mesh_key=None) -> None:
         """Use ``costs`` instead of measuring them (tests, or figures measured elsewhere)."""
-        self._costs[(_model_key(target), _model_key(draft), batch, cache_len, mesh_key)] = costs
+        self._costs[_shapes_key(target, draft, batch, cache_len, mesh_key)] = costs
 
     def alpha(self, target, draft, greedy: bool) -> tuple[float, int]:
         """(accepted ÷ drafted with the prior, drafts observed (aged, rounded)) of the pair in this mode."""
@@ -626,7 +631,7 @@ class AutoGamma:
             state = self._batch(target, draft, greedy, batch)
             reason, chosen = plain, 0
             wait = cast(int, state.probe_wait)  # an int while explore_after is one (it starts as explore_after)
-            shapes = (_model_key(target), _model_key(draft), batch, cache_len, mesh_key)
+            shapes = _shapes_key(target, draft, batch, cache_len, mesh_key)
             untimed = [  # ran here once, compiling (its rounds unrecorded), and close enough to pay; a γ that
                 # compiled twice had its programs released in between, and a timing run would compile a third time
                 g
