@@ -288,7 +288,8 @@ def train_head(
     or ``aux_layers``); resumes from ``out_dir``. ``stop_at``: stop after that step (a checkpoint is written
     there), as a kill would, with the schedule of ``steps``: a later call goes on to ``steps``.
     ``train_lm_head=False``: the head's LM head stays the target's at the draft vocabulary's columns (not trained,
-    not stored: ``shared_lm_head``); default True for a new head, ``init``'s choice when going on. ``loss``:
+    not stored: ``shared_lm_head``); default True for a new head, ``init``'s choice when going on;
+    ``train_lm_head=True`` gives a ``shared_lm_head`` ``init`` its own, starting at the target's columns. ``loss``:
     ``"fkl"`` (the cross-entropy against the target's distribution), ``"tvd"`` or ``"rkl"``. Returns the
     ``EagleDrafter`` and this call's log records (also appended to ``out_dir/distill_log.jsonl``, with each step's
     teacher-forced top-1 agreement)."""
@@ -305,10 +306,10 @@ def train_head(
             raise ValueError("init: the head keeps its own vocabulary and layers; do not give vocab or aux_layers")
         if init.target_config != target.config:
             raise ValueError(f"init: the EAGLE head {init.name!r} was made for another target than {target.name!r}")
-        if train_lm_head is not None and train_lm_head == init.shared_lm_head:
+        if train_lm_head is False and not init.shared_lm_head:
             raise ValueError(
-                f"train_lm_head={train_lm_head}: the head {init.name!r} "
-                f"{'reads the target LM head' if init.shared_lm_head else 'has its own LM head'}; leave it out"
+                f"train_lm_head=False: the head {init.name!r} has its own LM head (trained); it cannot go back to "
+                "the target's: leave train_lm_head out"
             )
     for key, value in (("steps", steps), ("batch_size", batch_size), ("window", window), ("steps_ahead", steps_ahead)):
         if not isinstance(value, int) or value < 1:
@@ -327,6 +328,10 @@ def train_head(
             for k in eagle3.OWN
             if k != "lm_head" or not init.shared_lm_head
         }
+        if train_lm_head and init.shared_lm_head:  # its own LM head from here on, starting at the target's columns
+            own["lm_head"] = eagle3.target_head_columns(cfg, target.config, target.params).astype(
+                own["fc"]["kernel"].dtype
+            )
     else:
         vocab_ids: tuple[int, ...] = tuple(range(target.vocab_size))
         if vocab:

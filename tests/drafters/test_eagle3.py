@@ -287,6 +287,34 @@ def test_an_eagle3_head_on_a_mesh_under_lookup_first_and_with_auto_gamma(target,
     assert costs.c > 0
 
 
+def test_going_on_a_head_that_reads_the_target_lm_head_can_train_its_own(tmp_path, target):
+    """``train_lm_head=True`` on a head that reads the target's LM head gives it its own, starting at the target's
+    columns and trained from there (saved and loaded as its own); a head with its own cannot go back."""
+    from jaxspec.training import eagle3 as train3
+
+    rng = np.random.default_rng(1)
+    prompts = [list(map(int, rng.integers(2, 96, size=int(rng.integers(3, 12))))) for _ in range(8)]
+    out = jaxspec.generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_token_id=())
+    records = list(zip(prompts, out.tokens))
+    kw = dict(steps_ahead=2, batch_size=4, window=16, learning_rate=5e-3, progress=False)
+    shared, _ = train3.train_head(target, records, out_dir=tmp_path / "a", steps=4, vocab=48, train_lm_head=False, **kw)
+    assert shared.shared_lm_head and eagle.load(eagle.save(shared, tmp_path / "s"), target).shared_lm_head
+    columns = np.asarray(eagle3.target_head_columns(shared.config, target.config, target.params))
+    stopped, _ = train3.train_head(
+        target, records, out_dir=tmp_path / "b", steps=8, stop_at=1, init=shared, train_lm_head=True, **kw
+    )
+    own, _ = train3.train_head(target, records, out_dir=tmp_path / "b", steps=8, init=shared, train_lm_head=True, **kw)
+    assert not stopped.shared_lm_head and not own.shared_lm_head
+    first = np.abs(np.asarray(stopped.params["lm_head"], np.float32) - columns).mean()
+    moved = np.abs(np.asarray(own.params["lm_head"], np.float32) - columns).mean()
+    assert first < moved / 2 and moved > 1e-3, (first, moved)  # started at the columns, then trained
+    back = eagle.load(eagle.save(own, tmp_path / "o"), target)
+    assert not back.shared_lm_head
+    np.testing.assert_allclose(back.params["lm_head"], own.params["lm_head"], rtol=1e-3, atol=1e-4)  # as float16
+    with pytest.raises(ValueError, match="train_lm_head=False: the head .* has its own LM head"):
+        train3.train_head(target, records, out_dir=tmp_path / "c", steps=2, init=own, train_lm_head=False, **kw)
+
+
 def test_cli_trains_an_eagle3_head_saves_it_and_generates_with_it(tmp_path, target, capsys):
     import json
 
