@@ -328,10 +328,7 @@ def train_head(
             for k in eagle3.OWN
             if k != "lm_head" or not init.shared_lm_head
         }
-        if train_lm_head and init.shared_lm_head:  # its own LM head from here on, starting at the target's columns
-            own["lm_head"] = eagle3.target_head_columns(cfg, target.config, target.params).astype(
-                own["fc"]["kernel"].dtype
-            )
+        own_lm_head = not init.shared_lm_head or bool(train_lm_head)
     else:
         vocab_ids: tuple[int, ...] = tuple(range(target.vocab_size))
         if vocab:
@@ -339,16 +336,18 @@ def train_head(
             always = () if eos is None else [eos] if isinstance(eos, int) else eos
             vocab_ids = choose_vocab(records, vocab, vocab_size=target.vocab_size, always=always)
         cfg = eagle3.head_config(target.config, vocab_ids, aux_layers=aux_layers)
-        own = eagle3.init_own(cfg, seed, lm_head=eagle3.target_head_columns(cfg, target.config, target.params))
-        if train_lm_head is False:
-            del own["lm_head"]
+        own = {k: v for k, v in eagle3.init_own(cfg, seed).items() if k != "lm_head"}
+        own_lm_head = train_lm_head is not False
+    columns = eagle3.target_head_columns(cfg, target.config, target.params)  # the shared LM head, or where one starts
+    if own_lm_head and "lm_head" not in own:
+        own["lm_head"] = columns.astype(cfg.jnp_dtype)
     out_dir = Path(out_dir).resolve()
     feats, argmax, offsets = extract_features(target, records, cfg.aux_layers, out_dir, progress=progress)
     argmax_column = argmax[:, None]
     step_fn = train_step_fn(cfg, steps_ahead, loss)
     shared = {
         "embed": target.params["embed"]["embedding"],
-        "head": eagle3.target_head_columns(cfg, target.config, target.params),
+        "head": columns,
     }
     schedule = jnp.asarray([learning_rate, steps // 20 if warmup is None else warmup, steps], jnp.float32)
     state = {"params": own, "opt_state": make_optimizer(*schedule).init(own), "loss": jnp.float32(jnp.nan)}
