@@ -237,6 +237,28 @@ def traverse_tree_row(key, parent, token, rank, q, p, *, depth: int, branch: int
     return n, path, sample(k_next, _normalized(target, p[u]))
 
 
+def greedy_tree(logits, parent, token, *, depth: int):
+    """The round of rows that are all greedy, without warping: ``(n [B], path [B, depth], next [B])`` as both rules
+    give them for one-hot ``p`` (``accept_tree``, ``traverse_tree``), from the target's logits ``[B, N+1, V]``. A
+    node is on the target's argmax path when its token is its parent's argmax and its parent is on it (the root is);
+    siblings are distinct, so those nodes form one path from the root, its deepest node the last accepted and its
+    argmax the next token. No q is read: with one-hot ``p`` neither rule's choice depends on it."""
+    top = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, N+1]: the one-hot p's token, as ``warp`` takes it
+    index = jnp.arange(parent.shape[1])[None]
+    up = jnp.maximum(parent, 0)
+    match = (index > 0) & (parent >= 0) & (token == jnp.take_along_axis(top, up, axis=1))
+    on_path, level = index == 0, jnp.zeros_like(parent)
+    for _ in range(depth):  # a node of depth d is settled after d steps
+        on_path = (index == 0) | (match & jnp.take_along_axis(on_path, up, axis=1))
+        level = jnp.where(index == 0, 0, jnp.take_along_axis(level, up, axis=1) + 1)
+    level = jnp.where(on_path, level, -1)
+    n = jnp.max(level, axis=1)
+    at = on_path[:, None, :] & (level[:, None, :] == jnp.arange(1, depth + 1)[None, :, None])  # [B, depth, N+1]
+    path = jnp.where(jnp.any(at, axis=-1), jnp.argmax(at, axis=-1), 0).astype(jnp.int32)
+    nxt = jnp.take_along_axis(top, jnp.argmax(level, axis=1)[:, None], axis=1)[:, 0]
+    return n.astype(jnp.int32), path, nxt
+
+
 def traverse_tree(keys, parent, token, rank, q, p, *, depth: int, branch: int):
     """Batched ``traverse_tree_row`` over a leading row axis of every argument: ``(n [B], path [B, depth], next
     [B])``."""

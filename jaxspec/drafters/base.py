@@ -83,7 +83,8 @@ class TreeProposal(NamedTuple):
       parent: ``[B, N+1] int32``, -1 for the root.
       rank: ``[B, N+1] int32``: a node's place among its siblings, in the order they were drawn.
       q: ``[B, N+1, V] float32``: the warped distribution each node's children were drawn from, without
-        replacement (zeros at the deepest level, which has no children).
+        replacement (zeros at the deepest level, which has no children, and everywhere when every row is greedy:
+        greedy acceptance reads only the target's argmax).
       state: the drafter's state after drafting.
       bad: ``[B] bool``: non-finite logits in a drafting pass.
     """

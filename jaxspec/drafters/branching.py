@@ -54,9 +54,11 @@ def grow(
     target's vocabulary and the drafter's carry (its cache, ...). ``keys [B, depth]``: one per level and row.
 
     Returns ``(tokens, parent, rank, q, carry, bad)`` as ``TreeProposal`` holds them (``bad``: non-finite logits in
-    a pass, at a node in the tree)."""
+    a pass, at a node in the tree). When every row is greedy no distribution is warped or drawn from (a level's
+    vocabulary-wide work is one log-softmax and one top-k) and ``q`` stays zeros."""
     batch = root_logits.shape[0]
     greedy = jnp.broadcast_to(jnp.asarray(sampling.temperature) <= 0, (batch,))[:, None, None]
+    all_greedy = jnp.all(greedy)
     nodes = branch + (depth - 1) * width
 
     def expand(level_keys, logits_u, q_u):
@@ -72,15 +74,31 @@ def grow(
         ranked = jax.lax.top_k(own, branch)[0]
         return tok.astype(jnp.int32), jnp.take_along_axis(own, tok, axis=-1), ranked
 
-    q0 = warp(root_logits[:, None], sampling)  # [B, 1, V]
+    def expand_greedy(logits_u):
+        """``expand`` when every row is greedy: the top ``branch`` tokens by log-probability, whose ranking terms
+        are their own log-probabilities; no draw, and no q (greedy acceptance reads only the target's argmax)."""
+        logp = jax.nn.log_softmax(logits_u.astype(jnp.float32), axis=-1)
+        own, tok = jax.lax.top_k(jnp.where(jnp.isfinite(logp), logp, -jnp.inf), branch)
+        return tok.astype(jnp.int32), own, own
+
+    def children(level_keys, logits_u, q, first):
+        """``(tokens, own, ranked)`` of ``expand`` and ``q`` with the nodes' warped distributions written from node
+        ``first`` on; when every row is greedy, ``expand_greedy`` and ``q`` unchanged (zeros)."""
+
+        def drawn(logits_u, q):
+            q_u = warp(logits_u, sampling)
+            return *expand(level_keys, logits_u, q_u), jax.lax.dynamic_update_slice_in_dim(q, q_u, first, axis=1)
+
+        return jax.lax.cond(all_greedy, lambda u, q: (*expand_greedy(u), q), drawn, logits_u, q)
+
     bad = bad_logits(root_logits)
-    tok1, own1, _ = expand(keys[:, 0], root_logits[:, None], q0)
+    q = jnp.zeros((batch, nodes + 1, root_logits.shape[-1]), jnp.float32)
+    tok1, own1, _, q = children(keys[:, 0], root_logits[:, None], q, 0)
     node_tok = jnp.zeros((batch, nodes + 1), jnp.int32).at[:, 1 : branch + 1].set(tok1[:, 0])
     live1 = jnp.isfinite(own1[:, 0])
     parent = jnp.full((batch, nodes + 1), -1, jnp.int32).at[:, 1 : branch + 1].set(jnp.where(live1, 0, -1))
     rank = jnp.zeros((batch, nodes + 1), jnp.int32).at[:, 1 : branch + 1].set(jnp.arange(branch, dtype=jnp.int32))
     score = jnp.full((batch, nodes + 1), -jnp.inf).at[:, 0].set(0.0).at[:, 1 : branch + 1].set(own1[:, 0])
-    q = jnp.zeros((batch, nodes + 1, q0.shape[-1]), jnp.float32).at[:, 0].set(q0[:, 0])
 
     level_of = np.concatenate([[0], np.ones(branch), 2 + np.arange((depth - 1) * width) // width]).astype(np.int32)
     columns = base[:, None] + jnp.arange(nodes, dtype=jnp.int32)[None]  # the slots of nodes 1..N
@@ -105,11 +123,9 @@ def grow(
         own_parent = take(parent)
         positions = positions_of(parent, first + jnp.arange(count, dtype=jnp.int32), level)
         out, carry = level_pass(carry, take(node_tok), own_parent, first, positions)
-        q_level = warp(out, sampling)
-        q = jax.lax.dynamic_update_slice_in_dim(q, q_level, first, axis=1)
         live = own_parent >= 0
         bad = bad | jnp.any(bad_logits(out) & live, axis=1)
-        tok, own, ranked = expand(keys[:, level], out, q_level)  # [B, count, branch]
+        tok, own, ranked, q = children(keys[:, level], out, q, first)  # [B, count, branch]
         above = take(score)[:, :, None]
         total = jnp.where(live[:, :, None], above + ranked, -jnp.inf)
         best, pick = jax.lax.top_k(total.reshape(batch, count * branch), width)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from jaxspec.core.cache import KVCache, TreePositions, move_slots
 from jaxspec.core.sampling import warp
+from jaxspec.core.tree_acceptance import greedy_tree
 from jaxspec.drafters.base import bad_logits
 from jaxspec.loop.commit import commit, target_pass
 from jaxspec.loop.state import LoopSpec, State
@@ -56,9 +57,18 @@ def tree_round(spec: LoopSpec, target_params, draft_params, state: State) -> Sta
         raise TypeError("a tree round needs a target with a KVCache (a Llama-family model)")
     logits, feats, target_cache = target_pass(spec, target_params, tokens, positions, state.target_cache)
     logits = logits.astype(jnp.float32)
-    p = warp(logits, state.sampling)
-    n, path, nxt = spec.acceptance.tree(
-        keys[:, depth], parent, tree.tokens, tree.rank, tree.q, p, depth=depth, branch=branch
+
+    def judged(logits):  # the acceptance rule over the warped distributions
+        p = warp(logits, state.sampling)
+        n, path, nxt = spec.acceptance.tree(
+            keys[:, depth], parent, tree.tokens, tree.rank, tree.q, p, depth=depth, branch=branch
+        )
+        return n.astype(jnp.int32), path.astype(jnp.int32), nxt.astype(jnp.int32)
+
+    # every row greedy: the argmax path, as any exact rule accepts it, without vocabulary-wide work per node
+    all_greedy = jnp.all(jnp.broadcast_to(jnp.asarray(state.sampling.temperature) <= 0, (batch,)))
+    n, path, nxt = jax.lax.cond(
+        all_greedy, lambda logits: greedy_tree(logits, parent, tree.tokens, depth=depth), judged, logits
     )
 
     steps = jnp.arange(depth + 1, dtype=jnp.int32)

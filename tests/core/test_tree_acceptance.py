@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from jaxspec.core.tree_acceptance import accept_tree_row, draw_children, traverse_tree_row
+from jaxspec.core.tree_acceptance import accept_tree_row, draw_children, greedy_tree, traverse_tree_row
 
 V = 5
 PARENT = np.array([-1, 0, 0, 0, 1, 1, 2, 4], np.int32)  # node i's parent (node 0: the root)
@@ -68,6 +68,9 @@ def _sampler(rule: str, wrong: str | None):
         k_tree, k_accept = jax.random.split(key)
         token, q, p = _draft_tree(k_tree, p_table, q_table)
         parent, rank = jnp.asarray(PARENT), jnp.asarray(RANK)
+        if rule == "greedy":  # the all-greedy round's rule: the target's argmax path, from logits (here log p)
+            n, path, nxt = (x[0] for x in greedy_tree(jnp.log(p)[None], parent[None], token[None], depth=DEPTH))
+            return n, jnp.concatenate([token[path], nxt[None]])
         n, path, nxt = RULES[rule](k_accept, parent, token, rank, q, p, depth=DEPTH, branch=BRANCH, wrong_rule=wrong)
         return n, jnp.concatenate([token[path], nxt[None]])  # accepted tokens (past n: ignored), the drawn one
 
@@ -178,10 +181,11 @@ def test_traversal_accepts_more_than_recursive_rejection(seed=4):
 
 @pytest.mark.parametrize("drafter", ["sampled", "one-hot"])
 def test_greedy_accepts_the_targets_argmax_path(drafter):
-    """Both rules keep the deepest node on the target's argmax path, the same trees giving the same depths. With the
-    drafter one-hot, the tree's other children have q = 0 (a greedy row's children are the drafter's top tokens, not
-    draws): the target's argmax among them is still accepted (here the root's argmax, 0, is its second child, after
-    the drafter's 4)."""
+    """Both rules keep the deepest node on the target's argmax path, the same trees giving the same depths, and so
+    does ``greedy_tree`` (the all-greedy round's rule) from the target's logits, without q. With the drafter
+    one-hot, the tree's other children have q = 0 (a greedy row's children are the drafter's top tokens, not draws):
+    the target's argmax among them is still accepted (here the root's argmax, 0, is its second child, after the
+    drafter's 4)."""
     p_table = np.eye(V, dtype=np.float32)[np.argmax(_tables(6 if drafter == "sampled" else 4, 1.5), -1)]
     q_table = _tables(2, 3.0)
     if drafter == "one-hot":
@@ -194,6 +198,12 @@ def test_greedy_accepts_the_targets_argmax_path(drafter):
         assert (n == 1).all(), np.bincount(n)
     np.testing.assert_array_equal(n_traversal, n)
     np.testing.assert_array_equal(seq_traversal, seq)
+    n_greedy, seq_greedy = _run(p_table, q_table, seed=5, rule="greedy")
+    np.testing.assert_array_equal(n_greedy, n)
+    np.testing.assert_array_equal(seq_greedy[:, DEPTH], seq[:, DEPTH])
+    for k in range(DEPTH):  # past n, path entries are unused
+        kept = n > k
+        np.testing.assert_array_equal(seq_greedy[kept, k], seq[kept, k])
     for i in range(200):
         prefix = 0
         out = list(seq[i, : n[i]]) + [seq[i, DEPTH]]

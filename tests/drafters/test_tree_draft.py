@@ -100,6 +100,22 @@ def test_tree_nodes_carry_their_paths_chain_q(target, kind):
     tree = draw(*args, greedy, _keys(0, depth), target.vocab_size, **shape)
     want = np.argsort(-np.asarray(_chain_q(head, state, tokens, length, [])[0]), kind="stable")[:branch]
     np.testing.assert_array_equal(np.asarray(tree.tokens[0, 1 : branch + 1]), want)
+    assert float(jnp.abs(tree.q).sum()) == 0.0  # every row greedy: nothing warped (greedy acceptance reads no q)
+    # beside a sampled row (the general path: q warped, children drawn or taken per row) a greedy row's tree is the
+    # same as the all-greedy path's
+    two = jax.tree.map(lambda x: jnp.concatenate([x, x], axis=1 if x.ndim == 5 else 0), (state, tokens))
+    mixed = draw(
+        head.params,
+        *two,
+        jnp.asarray([length] * 2),
+        SamplingParams(jnp.asarray([0.0, 1.0]), jnp.zeros(2, jnp.int32), jnp.ones(2)),
+        jnp.concatenate([_keys(0, depth)] * 2),
+        target.vocab_size,
+        **shape,
+    )
+    for field in ("tokens", "parent", "rank"):
+        np.testing.assert_array_equal(np.asarray(getattr(mixed, field)[0]), np.asarray(getattr(tree, field)[0]))
+    assert float(jnp.abs(mixed.q[1]).sum()) > 0 and float(jnp.abs(mixed.q[0]).sum()) > 0
     keys = jax.random.split(jax.random.key(0), depth)[None]
     chain = head.draft(*args, greedy, keys, target.vocab_size)
     line = draw(*args, greedy, _keys(0, depth), target.vocab_size, depth=depth, branch=1, width=1)
