@@ -60,7 +60,9 @@ with its own acceptance by depth, counted from its calls' path-length histograms
 its own observed rounds. A shape never measured is estimated with ``cost.tree_prior`` of the chain's acceptance
 and ``Costs.tree_round_cost``, and is tried only as a probe, once the chain's acceptance is measured, when that
 estimate is at least ``KEEP_GAIN`` times the best measured choice (and clears the margin): on a backend where a
-pass over a tree's tokens costs several steps (XLA:CPU) no tree is ever tried, so auto stays with the best chain.
+pass over a tree's tokens costs several steps (XLA:CPU) no tree is tried, so auto stays with the best chain (also
+over w8a8 on an AMX CPU, where a small greedy tree beats the chain by 2-5 %: the standalone timings put a pass over
+its 7 tokens at 1.46-1.73 steps where its whole round costs 1.72-1.74 in the loop; docs/history/trees.md).
 ``Decision.tree`` is the chosen shape (``Decision.gamma`` its depth); the decision's dicts key trees by
 ``cost.tree_label``. An engine run's re-decisions stay among chains.
 
@@ -561,7 +563,7 @@ class AutoGamma:
         positions = self.position_acceptance(target, draft, greedy)
         observed = self.observed_rounds(target, draft, batch, cache_len, mesh_key)
         trees = self.trees if branching and not running else ()
-        rounds = round_costs(costs, (*self.gammas, *trees), observed)
+        rounds = round_costs(costs, (*self.gammas, *trees), observed, greedy)
         straggler = self.straggler(target, draft, greedy, batch)
 
         def gain(acceptance, plan):

@@ -33,8 +33,12 @@ import numbers
 
 GAMMAS = (1, 2, 3, 4, 6)  # the candidate γ of ``AutoGamma`` by default (3: an EAGLE-3 head's own default)
 # The candidate tree shapes (depth, branch, width) of ``AutoGamma`` by default, for drafters that branch: the sizes
-# the tree benchmarks measured (docs/history/trees.md), 10, 27 and 54 nodes.
-TREES = ((4, 2, 4), (5, 3, 6), (6, 4, 10))
+# the tree benchmarks measured (docs/history/trees.md), 6, 8, 10, 27 and 54 nodes.
+TREES = ((3, 2, 2), (4, 2, 2), (4, 2, 4), (5, 3, 6), (6, 4, 10))
+# A greedy tree round's vocabulary-wide work per row of logits, in warp-and-draws (``Costs.sampling``): a log-softmax
+# and top-k for each node whose children are chosen, an argmax for each verified node (``branching.grow`` and
+# ``tree_acceptance.greedy_tree`` when every row is greedy); 0.24-0.6 of a warp-and-draw each, timed on XLA:CPU.
+GREEDY_TREE_VOCAB = 0.35
 # ``tree_prior``: the share of what a node's earlier siblings missed that each further sibling catches. Fit on the
 # held-out chat prompts' τ with the shipped head (docs/history/trees.md: chain γ = 3 2.51, i.e. about 0.62 a
 # position; trees (4, 2, 4) 3.30 and (5, 3, 6) 3.71 fit 0.45 and 0.4), never on HumanEval. Only a prior: it decides
@@ -137,14 +141,14 @@ class Costs:
         scale = prompt_tokens / self.prefill_tokens
         return self.target_prefill * scale, self.prefill * scale
 
-    def round_cost(self, gamma) -> float:
+    def round_cost(self, gamma, greedy: bool = False) -> float:
         """r(γ): a round in plain steps, measured in the loop when it was, else ``(γc + v(γ) + (2γ + 1) s) ÷
         (1 + s)`` with s = ``sampling`` (γc + v(γ) when it was not timed). A tree shape ``(depth, branch, width)``
-        in place of γ: ``tree_round_cost``."""
+        in place of γ: ``tree_round_cost`` (``greedy``: for a call whose rows are all greedy)."""
         if self.round is not None and gamma in self.round:
             return self.round[gamma]
         if isinstance(gamma, tuple):
-            return self.tree_round_cost(gamma)
+            return self.tree_round_cost(gamma, greedy)
         s = self.sampling
         return (gamma * self.c + self.v[gamma] + (2 * gamma + 1) * s) / (1 + s)
 
@@ -157,25 +161,31 @@ class Costs:
             return self.v[tokens - 1]
         return interpolate({0: 1.0, **self.v}, (tokens - 1,))[tokens - 1]
 
-    def tree_round_cost(self, tree) -> float:
+    def tree_round_cost(self, tree, greedy: bool = False) -> float:
         """A tree round ``(depth, branch, width)`` in plain steps, before any call has run it (module docstring):
-        ``(c (1 + v(branch) + (depth − 2) v(width)) + v(n + 1) + (2n + 1) s) ÷ (1 + s)``, the level passes' v at
-        their widths (a drafter's pass over k nodes scaled as the target's over k tokens)."""
+        ``(c (1 + v(branch) + (depth − 2) v(width)) + v(n + 1) + w s) ÷ (1 + s)``, the level passes' v at their
+        widths (a drafter's pass over k nodes scaled as the target's over k tokens), and ``w = 2n + 1`` warps and
+        draws (each node's q and p, the drawn token), or for a call whose rows are all ``greedy`` ``GREEDY_TREE_VOCAB
+        × (e + n + 1)`` (the ``e = 1 + branch + (depth − 2) width`` nodes whose children are chosen, the n + 1
+        verified)."""
         depth, branch, width = tree
         n = tree_nodes(tree)
         levels = 1.0
         if depth > 1:
             levels += self.verify_cost(branch) + (depth - 2) * self.verify_cost(width)
         s = self.sampling
-        return (self.c * levels + self.verify_cost(n + 1) + (2 * n + 1) * s) / (1 + s)
+        expanded = 1 + (branch + (depth - 2) * width if depth > 1 else 0)
+        warps = GREEDY_TREE_VOCAB * (expanded + n + 1) if greedy else 2 * n + 1
+        return (self.c * levels + self.verify_cost(n + 1) + warps * s) / (1 + s)
 
 
-def round_costs(costs: Costs, gammas, observed=None) -> dict:
+def round_costs(costs: Costs, gammas, observed=None, greedy: bool = False) -> dict:
     """r(γ) for each of ``gammas``, in plain steps, from the costs and from ``observed``: γ -> seconds per round
     of the compiled loop, measured in earlier calls of the same shapes (γ = 0: plain decoding).
 
     A tree shape ``(depth, branch, width)`` may stand among ``gammas`` (and among ``observed``'s keys) for its
-    rounds; unobserved, it is corrected by the nearest observed chain γ to its depth.
+    rounds; unobserved, it is corrected by the nearest observed chain γ to its depth (``greedy``: the call's rows
+    are all greedy, which a tree round's vocabulary work depends on: ``Costs.tree_round_cost``).
 
     Each round is estimated in units of a plain step as ``Costs.round_cost`` predicts it (1 + s standalone
     target steps, s = ``costs.sampling``): observed rounds as they were measured (seconds ÷ ``costs.step_s`` ÷
@@ -202,7 +212,7 @@ def round_costs(costs: Costs, gammas, observed=None) -> dict:
             depth = g[0] if isinstance(g, tuple) else g  # a tree shape: corrected at the chain γ of its depth
             near = min(spec, key=lambda s: (abs(s - depth), s))
             factor = seen[near] / costs.round_cost(near)
-        out[g] = costs.round_cost(g) * factor / plain
+        out[g] = costs.round_cost(g, greedy) * factor / plain
 
     def floor(g) -> float:
         return min(1.0, costs.verify_cost(tree_nodes(g) + 1 if isinstance(g, tuple) else g + 1))

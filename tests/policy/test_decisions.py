@@ -302,6 +302,10 @@ def test_tree_round_cost_and_prior_by_hand():
     assert costs.round_cost(TREE) == costs.tree_round_cost(TREE)
     warped = Costs(c=0.1, v={4: 1.4}, prefill=0.0, sampling=0.01)  # 2 × 8 + 1 warps, in units of 1 + s
     assert warped.tree_round_cost(TREE) == pytest.approx((0.33 + 1.8 + 17 * 0.01) / 1.01)
+    # greedy: a log-softmax and top-k at the 1 + 2 + 3 nodes whose children are chosen, an argmax at the 9 verified
+    assert warped.tree_round_cost(TREE, greedy=True) == pytest.approx((0.33 + 1.8 + 0.35 * 15 * 0.01) / 1.01)
+    assert warped.round_cost(TREE, True) == warped.tree_round_cost(TREE, greedy=True)
+    assert warped.round_cost(4, True) == warped.round_cost(4)  # a chain draws alike at any temperature
     # depth 1 offers branch = 2 children, deeper levels min(branch, width // branch) = 1
     assert tree_prior((0.6, 0.5), TREE, 0.25) == pytest.approx((1 - 0.4 * 0.75, 0.5, 0.5))
     assert tree_prior((0.6,), (2, 4, 16), 0.5) == pytest.approx((1 - 0.4 * 0.5**3, 1 - 0.4 * 0.5**3))
