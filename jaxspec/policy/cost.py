@@ -32,8 +32,10 @@ import dataclasses
 import numbers
 
 GAMMAS = (1, 2, 3, 4, 6)  # the candidate γ of ``AutoGamma`` by default (3: an EAGLE-3 head's own default)
-# The candidate tree shapes (depth, branch, width) of ``AutoGamma`` by default, for drafters that branch: the sizes
-# the tree benchmarks measured (docs/history/trees.md), 6, 8, 10, 27 and 54 nodes.
+# The candidate tree shapes (depth, branch, width) of ``AutoGamma`` by default, for drafters that branch: 6, 8, 10, 27
+# and 54 nodes, the sizes the tree benchmarks measured (docs/history/trees.md); the two smallest for backends where a
+# pass over a few tokens costs about one (their greedy rounds, timed on a synthetic state over w8a8 on an AMX CPU,
+# cost 1.0-1.3 of a γ = 3 chain round).
 TREES = ((3, 2, 2), (4, 2, 2), (4, 2, 4), (5, 3, 6), (6, 4, 10))
 # A greedy tree round's vocabulary-wide work per row of logits, in warp-and-draws (``Costs.sampling``): a log-softmax
 # and top-k for each node whose children are chosen, an argmax for each verified node (``branching.grow`` and
