@@ -19,6 +19,12 @@ trained by cross-entropy is flatter than the target where it is unsure, and a sh
 temperature 1. ``jaxspec.training.eagle.tune_temperature_scale`` picks it on held-out records; it is saved with the
 head. A tree draws each node's children without replacement and tries them in turn, so the q that suits it may not
 be a chain's: a head's trees draft at its ``tree_temperature_scale`` (its ``temperature_scale`` unless set).
+
+A draft vocabulary leaves out rare ids, and a row's own context is where rare ids recur (a prompt's identifiers,
+copied into the answer). An EAGLE-3 head whose LM head is the target's, over a target that ties it to its
+embedding, also drafts the ids of the row's context (prompt and output so far) that its vocabulary lacks, up to
+``context_vocab`` of them a round, their logits from the same LM head's columns; q is still a distribution, so
+exactness does not depend on it.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from jaxspec.formats.paths import is_head, resolve
 from jaxspec.models import eagle as eagle_model
 from jaxspec.models import eagle3, families, llama, quant
 
-__all__ = ["EagleDrafter", "EagleState", "is_head", "load", "save"]
+__all__ = ["CONTEXT_VOCAB", "EagleDrafter", "EagleState", "is_head", "load", "save"]
+
+CONTEXT_VOCAB = 128  # context ids outside the draft vocabulary an EAGLE-3 head drafts (EagleDrafter.context_vocab)
 
 
 @jax.tree_util.register_dataclass
@@ -76,6 +84,10 @@ class EagleDrafter(Drafter):
         that may have verified more than γ+1 tokens since the head last drafted, as under ``LookupFirst``).
       shared_lm_head: an EAGLE-3 head whose LM head is the target's at the draft vocabulary's columns (not
         trained, not stored: ``save`` leaves it out and ``load`` takes it from the target).
+      context_vocab: an EAGLE-3 head drafts, besides its draft vocabulary, up to this many ids of each row's context
+        that the vocabulary lacks (``eagle3.context``; 0: none). ``for_target`` sets ``CONTEXT_VOCAB`` where the
+        LM head and the embedding are the target's and the target ties them (the extra ids' columns are then
+        the LM head's), else 0. Part of the compiled program.
       tree: ``(depth, branch, width)``: each round drafts a tree (``draft_tree``) that one target pass verifies
         (``jaxspec.loop.tree``), its γ the tree's depth; None (the default): a chain of γ drafts. Set by
         ``with_tree`` or ``generate(..., tree=...)``.
@@ -89,6 +101,7 @@ class EagleDrafter(Drafter):
     tree_temperature_scale: float | None = None
     catch_up: int = 0
     shared_lm_head: bool = dataclasses.field(default=False, compare=False)
+    context_vocab: int = 0
     tree: tuple[int, int, int] | None = None
     features = True
 
@@ -107,6 +120,11 @@ class EagleDrafter(Drafter):
             if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
                 raise ValueError(f"{field} must be a finite number > 0, got {scale!r}")
             object.__setattr__(self, field, float(scale))
+        context = self.context_vocab
+        if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+            raise ValueError(f"context_vocab must be an int >= 0, got {context!r}")
+        if context and not isinstance(self.config, eagle3.Eagle3Config):
+            raise ValueError("context_vocab: only an EAGLE-3 head drafts context ids (this head is EAGLE-1-style)")
         if self.tree is not None:
             object.__setattr__(self, "tree", check_tree(self.tree))
 
@@ -143,7 +161,17 @@ class EagleDrafter(Drafter):
             if "lm_head" in borrowed:
                 columns = eagle3.target_head_columns(cfg, target.config, target.params)
                 params["lm_head"] = columns.astype(cfg.jnp_dtype)
-            return cls(cfg, target.config, params, name, temperature_scale, shared_lm_head="lm_head" in borrowed)
+            shared = "lm_head" in borrowed
+            tied = shared and "embed" in borrowed and target.config.tie_embeddings
+            return cls(
+                cfg,
+                target.config,
+                params,
+                name,
+                temperature_scale,
+                shared_lm_head=shared,
+                context_vocab=CONTEXT_VOCAB if tied else 0,
+            )
         shared = eagle_model.shared_params(cfg, target.params)
         own = families.split_layers({k: own[k] for k in eagle_model.OWN})
         return cls(cfg, target.config, {**own, **shared}, name, temperature_scale)
@@ -151,6 +179,15 @@ class EagleDrafter(Drafter):
     def catching_up(self, new: int) -> EagleDrafter:
         """A copy whose window pass reads (at least) the ``new`` newest verified pairs."""
         return dataclasses.replace(self, catch_up=max(self.catch_up, new))
+
+    def _apply_fn(self, params, tokens, length) -> Callable:
+        """The head's forward pass for a round's drafting: with the rows' context ids (``context_vocab``)."""
+        apply_fn, _ = _head_fns(self.config)
+        if not self.context_vocab:
+            return apply_fn
+        return functools.partial(
+            apply_fn, extra=eagle3.context(self.config, params, tokens, length, self.context_vocab)
+        )
 
     def _sampling(self, sampling, scale: float):
         """The call's sampling parameters at the head's temperature (``temperature × scale``)."""
@@ -206,7 +243,7 @@ class EagleDrafter(Drafter):
     def draft(self, params, state: EagleState, tokens, length, sampling, keys, vocab_size: int) -> Proposal:
         """A window pass over the γ+1 newest verified pairs (the ``catch_up`` newest, if more), then γ-1 steps on
         the head's own features."""
-        apply_fn, _ = _head_fns(self.config)
+        apply_fn = self._apply_fn(params, tokens, length)
         sampling = self._sampling(sampling, self.temperature_scale)
         gamma = keys.shape[1]
         batch, size = tokens.shape
@@ -256,7 +293,7 @@ class EagleDrafter(Drafter):
         """A draft tree per row (``keys [B, depth]``, one per level and row; how it grows: ``branching.grow``). The
         window pass as ``draft``'s gives the root's distribution and features; a node's pass reads its token and its
         parent's features from the head's pass over the parent (the root's: the window's last)."""
-        apply_fn, _ = _head_fns(self.config)
+        apply_fn = self._apply_fn(params, tokens, length)
         sampling = self._sampling(sampling, self.tree_scale)
         batch, size = tokens.shape
         rows = jnp.arange(batch)[:, None]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -107,6 +108,38 @@ def _row_of(cfg: Eagle3Config) -> np.ndarray:
     return rows
 
 
+class Context(NamedTuple):
+    """A round's context ids outside the draft vocabulary (``context``): ``ids [B, P]`` (``vocab_size`` pads a row
+    with fewer) and ``rows [B, vocab_size]``, each target id's index into a row's logits ``[draft vocabulary, the
+    P context ids, -inf]``; ``columns [B, P, hidden]``, their rows of the embedding table (the LM head's
+    columns where the target ties the two)."""
+
+    ids: jax.Array
+    rows: jax.Array
+    columns: jax.Array
+
+
+def context(cfg: Eagle3Config, params, tokens: jax.Array, length: jax.Array, width: int) -> Context:
+    """Each row's context ids outside the draft vocabulary: the distinct ids among ``tokens [B, S]``'s first
+    ``length [B]`` that the draft vocabulary lacks, the ``width`` smallest of them, with their rows of the head's
+    embedding table (``params["embed"]``)."""
+    vocab, (batch, size) = cfg.vocab_size, tokens.shape
+    base = jnp.asarray(_row_of(cfg))
+    valid = (jnp.arange(size)[None] < length[:, None]) & (tokens >= 0) & (tokens < vocab)
+    ids = jnp.where(valid, tokens, vocab)
+    ids = jnp.sort(jnp.where(base[jnp.clip(ids, 0, vocab - 1)] < cfg.draft_vocab_size, vocab, ids), axis=-1)
+    first = (ids < vocab) & (ids != jnp.concatenate([jnp.full((batch, 1), -1, ids.dtype), ids[:, :-1]], axis=-1))
+    rank = jnp.where(first, jnp.cumsum(first, axis=-1) - 1, width)
+    rows = jnp.arange(batch)[:, None]
+    ids = jnp.full((batch, width + 1), vocab, ids.dtype).at[rows, jnp.minimum(rank, width)].set(ids)[:, :width]
+    pad = cfg.draft_vocab_size + width  # the -inf column
+    index = jnp.broadcast_to(jnp.where(base == cfg.draft_vocab_size, pad, base), (batch, vocab))
+    index = index.at[rows, ids].set(cfg.draft_vocab_size + jnp.arange(width, dtype=index.dtype), mode="drop")
+    scale, _ = quant.scale_of(params, "embed")
+    columns = quant.lookup(params["embed"], scale, jnp.minimum(ids, vocab - 1), cfg.jnp_dtype)
+    return Context(ids, index, columns)
+
+
 def to_full_vocab(cfg: Eagle3Config, logits: jax.Array) -> jax.Array:
     """Draft-vocabulary logits ``[..., draft_vocab_size]`` -> ``[..., vocab_size]``, -inf outside it."""
     pad = jnp.full((*logits.shape[:-1], 1), -jnp.inf, logits.dtype)
@@ -134,12 +167,16 @@ class Eagle3Head(nn.Module):
     """``(tokens [B, T], feats [B, T, F], positions [B, T], cache)`` -> ``(logits [B, T, V] float32, hidden
     [B, T, hidden], cache)``: at position ``j``, ``tokens`` holds token ``j+1`` and ``feats`` either the target's
     tapped features at ``j`` (``F = feature_size``: fused by ``fc``) or the head's own hidden state (``F =
-    hidden``). ``full_vocab=False`` returns the logits over the draft vocabulary (``[B, T, draft_vocab_size]``)."""
+    hidden``). ``full_vocab=False`` returns the logits over the draft vocabulary (``[B, T, draft_vocab_size]``).
+    With ``extra`` (a ``Context``) its ids outside the draft vocabulary get logits too, ``final_norm(x)`` times
+    their ``columns``."""
 
     cfg: Eagle3Config
 
     @nn.compact
-    def __call__(self, tokens, feats, positions, cache: KVCache, full_vocab: bool = True, last_only: bool = False):
+    def __call__(
+        self, tokens, feats, positions, cache: KVCache, full_vocab: bool = True, last_only: bool = False, extra=None
+    ):
         cfg, lc = self.cfg, self.cfg.layer
         dtype, width = lc.jnp_dtype, lc.hidden_size
         init = nn.initializers.normal(lc.init_std)
@@ -162,15 +199,23 @@ class Eagle3Head(nn.Module):
         f = llama.rms_norm(lc, "final_norm")(x[:, -1:] if last_only else x)
         head = self.param("lm_head", init, (width, cfg.draft_vocab_size), dtype)
         logits = quant.project(f, head, None, dtype, jnp.float32, min_rows=lc.min_rows)
-        return (to_full_vocab(cfg, logits) if full_vocab else logits), x, KVCache(k, v)
+        if not full_vocab:
+            return logits, x, KVCache(k, v)
+        if extra is None:
+            return to_full_vocab(cfg, logits), x, KVCache(k, v)
+        more = jnp.einsum("bth,bph->btp", f, extra.columns.astype(dtype), preferred_element_type=jnp.float32)
+        pad = jnp.full((*logits.shape[:-1], 1), -jnp.inf, logits.dtype)
+        logits = jnp.concatenate([logits, more, pad], axis=-1)
+        return jnp.take_along_axis(logits, extra.rows[:, None], axis=-1), x, KVCache(k, v)
 
 
 @functools.cache
 def head_fns(cfg: Eagle3Config):
     """``(apply_fn, init_cache)`` of a head config (the same objects for equal configs)."""
 
-    def apply_fn(params, tokens, feats, positions, cache, full_vocab=True, last_only=False):
-        return Eagle3Head(cfg).apply({"params": params}, tokens, feats, positions, cache, full_vocab, last_only)
+    def apply_fn(params, tokens, feats, positions, cache, full_vocab=True, last_only=False, extra=None):
+        head = Eagle3Head(cfg)
+        return head.apply({"params": params}, tokens, feats, positions, cache, full_vocab, last_only, extra)
 
     def init_cache(batch_size: int, max_length: int) -> KVCache:
         lc = cfg.layer

@@ -4,6 +4,7 @@ map to target ids, exact greedy output through the loop and the engine, saving a
 Parity with the reference implementation and loading published layouts: test_eagle3_formats.py. The statistical
 exactness of sampling with an EAGLE-3 head is in tests/generation/test_exactness.py (with its negative control)."""
 
+import dataclasses
 import json
 
 import jax
@@ -13,7 +14,9 @@ import pytest
 from helpers import check_window_logits_at_last_only, tiny_config
 
 import jaxspec
+from jaxspec.core.sampling import SamplingParams
 from jaxspec.drafters import eagle
+from jaxspec.models import eagle as eagle_model
 from jaxspec.models import eagle3, families, llama
 
 PROMPTS = [[5, 9, 11, 3, 7, 21, 40, 2, 8], [3], [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73], [17, 4]]
@@ -473,3 +476,94 @@ def test_a_new_eagle3_head_starts_near_an_eagle_head(tmp_path, target, capsys):
     assert loaded.eagle3 and loaded.config.aux_layers == (1, 2, 4) and loaded.config.norm_before_residual
     with pytest.raises(SystemExit):  # vocab comes from the EAGLE head
         main([*flags, "--new-draft", "eagle3=2,vocab=40"])
+
+
+# --------------------------------------------------------------------------------------------- context ids
+# VOCAB_IDS are the ids ≡ 2 (mod 3) below 96: in CONTEXT's first 6 ids, 6 and 7 lie outside (51 is past the length).
+CONTEXT = [5, 95, 6, 5, 7, 92, 50, 51]
+OTHER = [10, 12, 11, 10, 0, 0, 0, 0]  # 10 and 12 outside in its first 4
+
+
+@pytest.fixture(scope="module")
+def tied():
+    return llama.init(tiny_config(num_layers=4, tie_embeddings=True), seed=0, eos_token_id=1)
+
+
+def _shared_own(cfg):
+    return {k: v for k, v in eagle3.init_own(cfg, seed=1).items() if k != "lm_head"}
+
+
+@pytest.fixture(scope="module")
+def shared(tied):
+    """A head whose LM head is its tied target's at the draft vocabulary's columns: it drafts context ids."""
+    cfg = eagle3.head_config(tied.config, VOCAB_IDS, aux_layers=(1, 2, 4))
+    return eagle.EagleDrafter.for_target(tied, _shared_own(cfg), config=cfg, name="shared3")
+
+
+def test_context_ids_are_a_rows_distinct_ids_outside_the_draft_vocabulary(target, head, shared):
+    """The ids, smallest first, padded with vocab_size, cut at the width; set by default only where their columns
+    are the LM head's (its own LM head, or a target whose LM head is not its embedding: none)."""
+    assert shared.context_vocab == eagle.CONTEXT_VOCAB and head.context_vocab == 0
+    own = {k: head.params[k] for k in ("fc", "layer", "final_norm")}
+    assert eagle.EagleDrafter.for_target(target, own, config=head.config).context_vocab == 0  # untied target
+    tokens, length, vocab = jnp.asarray([CONTEXT, OTHER]), jnp.asarray([6, 4]), shared.config.vocab_size
+    ctx = eagle3.context(shared.config, shared.params, tokens, length, 3)
+    np.testing.assert_array_equal(np.asarray(ctx.ids), [[6, 7, vocab], [10, 12, vocab]])
+    cut = eagle3.context(shared.config, shared.params, tokens, length, 1)
+    np.testing.assert_array_equal(np.asarray(cut.ids), [[6], [10]])
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="context_vocab"):
+            dataclasses.replace(shared, context_vocab=bad)
+    one_cfg = eagle_model.head_config(target.config)
+    one = eagle.EagleDrafter.for_target(target, eagle_model.init_own(one_cfg, seed=1), config=one_cfg)
+    with pytest.raises(ValueError, match="context_vocab"):
+        dataclasses.replace(one, context_vocab=4)
+
+
+def test_context_ids_get_the_logits_a_vocabulary_holding_them_gives(tied, shared):
+    """Each row's context ids get the logits of a head whose draft vocabulary also holds them (its LM head the
+    target's columns, so the same weights); every other id outside the draft vocabulary, another row's context
+    ids included, stays -inf. Negative control: without the context those ids are -inf."""
+    tokens, length = jnp.asarray([CONTEXT, OTHER]), jnp.asarray([6, 4])
+    ctx = eagle3.context(shared.config, shared.params, tokens, length, 4)
+    wide_cfg = eagle3.head_config(tied.config, VOCAB_IDS + (6, 7, 10, 12), aux_layers=(1, 2, 4))
+    wide = eagle.EagleDrafter.for_target(tied, _shared_own(wide_cfg), config=wide_cfg)
+    apply_fn, init_cache = eagle3.head_fns(shared.config)
+    feats = jax.random.normal(jax.random.key(5), (2, 3, shared.config.feature_size))
+    toks, positions = jnp.asarray([[4, 7, 9]] * 2), jnp.asarray([[0, 1, 2]] * 2)
+    got = np.asarray(apply_fn(shared.params, toks, feats, positions, init_cache(2, 8), extra=ctx)[0])
+    want = np.asarray(eagle3.head_fns(wide_cfg)[0](wide.params, toks, feats, positions, init_cache(2, 8))[0])
+    for row, ids in ((0, [6, 7]), (1, [10, 12])):
+        keep = list(VOCAB_IDS) + ids
+        np.testing.assert_allclose(got[row][..., keep], want[row][..., keep], rtol=1e-5, atol=1e-5)
+        assert np.isneginf(np.delete(got[row], keep, axis=-1)).all()
+    without = np.asarray(apply_fn(shared.params, toks, feats, positions, init_cache(2, 8))[0])
+    assert np.isneginf(without[0][..., [6, 7]]).all() and np.isneginf(without[1][..., [10, 12]]).all()
+
+
+def test_chains_and_trees_draft_context_ids(tied, shared):
+    """A round's q gives the row's context ids mass, in a chain and in a tree; with context_vocab 0, none."""
+    size, length = 16, 6
+    seq = jnp.asarray([CONTEXT])
+    positions = jnp.arange(len(CONTEXT))[None]
+    _, feats, _ = shared.target_features(tied.params, seq, positions, tied.init_cache(1, size))
+    tokens = jnp.zeros((1, size), jnp.int32).at[:, : len(CONTEXT)].set(seq)
+    state = shared.observe(shared.init_state(1, size), feats[:, : length - 1], positions[:, : length - 1])
+    state = shared.prefill(shared.params, seq[:, : length - 1], positions[:, : length - 1], state)
+    sampling, keys = SamplingParams.create(1.0, batch=1), jax.random.split(jax.random.key(0), 2)[None]
+    for drafter, has in ((shared, True), (dataclasses.replace(shared, context_vocab=0), False)):
+        args = (drafter.params, state, tokens, jnp.asarray([length]), sampling, keys, tied.vocab_size)
+        chain = drafter.draft(*args)
+        tree = drafter.draft_tree(*args, depth=2, branch=2, width=2)
+        for q in (chain.q, tree.q[:, :3]):  # the tree's root and first level (the deepest level's q is zero)
+            mass = np.asarray(q)[..., [6, 7]].sum(-1)
+            assert (mass > 0).all() if has else (mass == 0).all()
+            assert (np.asarray(q)[..., [51]] == 0).all()  # past the row's length: not context
+
+
+def test_greedy_with_context_ids_equals_plain(tied, shared):
+    kwargs = dict(max_new_tokens=24, temperature=0.0, eos_token_id=())
+    plain = jaxspec.generate(tied, PROMPTS, **kwargs)
+    assert jaxspec.generate(tied, PROMPTS, draft=shared, gamma=3, **kwargs).tokens == plain.tokens
+    engine = jaxspec.Engine(tied, draft=shared, gamma=3, slots=2, **kwargs)
+    assert [r.tokens for r in sorted(engine.run(PROMPTS), key=lambda r: r.index)] == plain.tokens

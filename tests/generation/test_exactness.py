@@ -632,6 +632,13 @@ def eagle3_head(target):
     return eagle.EagleDrafter.for_target(target, eagle3.init_own(cfg, seed=4), config=cfg, name="head3")
 
 
+@pytest.fixture(scope="module")
+def eagle3_context_head(eagle3_head):
+    """The EAGLE-3 head drafting context ids too: the prompt's 1 and any 4 the output holds get q > 0 (their
+    embedding rows as LM head columns), beside the draft vocabulary's 3, 0 and 2."""
+    return dataclasses.replace(eagle3_head, context_vocab=2)
+
+
 # Draft models whose vocab_size differs from the target's (a family's padded tables): a smaller one has no row for
 # id 4 (q = 0 there; when the target emits it, the draft is fed its last id), a larger one's ids 5-7 are cut off.
 
@@ -661,6 +668,7 @@ RESTRICTED_DRAFTERS = {
     "eagle_head": ([("temp1", 3)], 8000, 8100),
     "scaled_eagle_head": ([("temp1", 2)], 8200, 8300),
     "eagle3_head": ([("topk3", 3)], 8800, 8900),  # temperature 1 with top-k 3
+    "eagle3_context_head": ([("temp1", 3)], 8950, 8960),
     "smaller_vocab_draft": ([("temp1", 2)], 8400, 8500),
     "larger_vocab_draft": ([("temp1", 3)], 8600, 8700),
 }
@@ -691,8 +699,15 @@ def test_restricted_vocabulary_drafters_sample_exactly(request, target, target_l
 
 # One negative control per way a drafter's q reaches the target's vocabulary: a config's vocab_ids (the scaled EAGLE
 # head's: its q also flattened by its temperature scale; the plain head and the reduced-vocabulary draft map theirs
-# by the same vocab_ids), an EAGLE-3 head's d2t map, a draft with fewer ids than the target, one with more.
-NEGATIVE_CONTROLS = ("scaled_eagle_head", "eagle3_head", "smaller_vocab_draft", "larger_vocab_draft")
+# by the same vocab_ids), an EAGLE-3 head's d2t map, its context ids, a draft with fewer ids than the target, one
+# with more.
+NEGATIVE_CONTROLS = (
+    "scaled_eagle_head",
+    "eagle3_head",
+    "eagle3_context_head",
+    "smaller_vocab_draft",
+    "larger_vocab_draft",
+)
 
 
 @pytest.mark.slow
