@@ -161,15 +161,14 @@ class EagleDrafter(Drafter):
             if "lm_head" in borrowed:
                 columns = eagle3.target_head_columns(cfg, target.config, target.params)
                 params["lm_head"] = columns.astype(cfg.jnp_dtype)
-            shared = "lm_head" in borrowed
-            tied = shared and "embed" in borrowed and target.config.tie_embeddings
+            tied = not {"embed", "lm_head"} - set(borrowed) and target.config.tie_embeddings
             return cls(
                 cfg,
                 target.config,
                 params,
                 name,
                 temperature_scale,
-                shared_lm_head=shared,
+                shared_lm_head="lm_head" in borrowed,
                 context_vocab=CONTEXT_VOCAB if tied else 0,
             )
         shared = eagle_model.shared_params(cfg, target.params)
@@ -185,6 +184,7 @@ class EagleDrafter(Drafter):
         apply_fn, _ = _head_fns(self.config)
         if not self.context_vocab:
             return apply_fn
+        assert isinstance(self.config, eagle3.Eagle3Config)  # __post_init__ refuses context_vocab elsewhere
         return functools.partial(
             apply_fn, extra=eagle3.context(self.config, params, tokens, length, self.context_vocab)
         )
