@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="--humaneval: the EAGLE-3 head's fixed γ values, one eagle3@G mode each (default 2)",
     )
     p.add_argument(
+        "--eagle3-context-vocab",
+        type=int,
+        metavar="N",
+        help="--humaneval: the EAGLE-3 head's context_vocab (default its own: the context ids it drafts; 0 for "
+        "none), e.g. the EAGLE head itself with 0, to compare the two in one run",
+    )
+    p.add_argument(
         "--eagle-scale",
         type=lambda s: [float(x) for x in s.split(",")],
         metavar="S[,S...]",
@@ -340,6 +347,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--pair {args.pair} is for --continuous (see --shipped, --humaneval)")
     if args.gamma < 1 or any(g is not None and min(g) < 1 for g in (args.eagle_gamma, args.eagle3_gamma)):
         p.error("--gamma, --eagle-gamma and --eagle3-gamma must be >= 1")
+    if args.eagle3_context_vocab is not None and args.eagle3_context_vocab < 0:
+        p.error(f"--eagle3-context-vocab must be >= 0, got {args.eagle3_context_vocab}")
     if args.acceptance is not None and (not args.acceptance or set(args.acceptance) - {"token", "block"}):
         p.error(f"--acceptance: each rule must be token or block, got {','.join(args.acceptance)}")
     if args.tree_scale is not None and not all(0 < s < float("inf") for s in args.tree_scale):

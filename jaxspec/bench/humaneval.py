@@ -238,6 +238,8 @@ def run(args) -> dict:
         at = modes.index("eagle")
         modes[at : at + 1] = [f"eagle~{s:g}" for s in scales]
     head3 = eagle.load(args.eagle3_head, target) if getattr(args, "eagle3_head", None) else None
+    if head3 is not None and getattr(args, "eagle3_context_vocab", None) is not None:
+        head3 = dataclasses.replace(head3, context_vocab=args.eagle3_context_vocab)
     if head3 is not None and fmt:
         head3 = jaxspec.quantize(head3, fmt)
     head3_gammas = tuple(getattr(args, "eagle3_gamma", None) or (2,))

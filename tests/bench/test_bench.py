@@ -365,6 +365,9 @@ def test_humaneval_flags_and_head_modes(small_draft):
     assert _kwargs("eagle3@5", "draft", 4, policies, head, 2, head3) == dict(draft=head3, gamma=5)
     with pytest.raises(SystemExit):
         parse_args(["--humaneval", "--eagle3-gamma", "2,0"])
+    assert parse_args(["--humaneval", "--eagle3-context-vocab", "0"]).eagle3_context_vocab == 0
+    with pytest.raises(SystemExit):
+        parse_args(["--humaneval", "--eagle3-context-vocab", "-1"])
     # the head's trees: one tree:D,B,W mode per shape
     assert parse_args(["--humaneval", "--trees", "5,3,6 6,4,10"]).trees == [(5, 3, 6), (6, 4, 10)]
     assert parse_args(["--humaneval", "--draft-trees", "4,2,4"]).draft_trees == [(4, 2, 4)]
