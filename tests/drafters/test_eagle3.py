@@ -562,8 +562,13 @@ def test_chains_and_trees_draft_context_ids(tied, shared):
 
 
 def test_greedy_with_context_ids_equals_plain(tied, shared):
+    """Through generate (chains, a tree, a data × model mesh, behind prompt lookup) and the engine."""
     kwargs = dict(max_new_tokens=24, temperature=0.0, eos_token_id=())
     plain = jaxspec.generate(tied, PROMPTS, **kwargs)
     assert jaxspec.generate(tied, PROMPTS, draft=shared, gamma=3, **kwargs).tokens == plain.tokens
+    assert jaxspec.generate(tied, PROMPTS, draft=shared, tree=(3, 2, 2), **kwargs).tokens == plain.tokens
+    meshed = jaxspec.generate(tied, PROMPTS, draft=shared, gamma=2, mesh={"data": 4, "model": 2}, **kwargs)
+    assert meshed.tokens == plain.tokens
+    assert jaxspec.generate(tied, PROMPTS, draft=jaxspec.LookupFirst(shared), gamma=3, **kwargs).tokens == plain.tokens
     engine = jaxspec.Engine(tied, draft=shared, gamma=3, slots=2, **kwargs)
     assert [r.tokens for r in sorted(engine.run(PROMPTS), key=lambda r: r.index)] == plain.tokens
